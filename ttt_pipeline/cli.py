@@ -1,0 +1,161 @@
+"""`ttt-pipeline`: run the pipeline, corrupt texts, inspect configuration and runs.
+
+User errors print as `error:` and `hint:` lines with a non-zero exit and no traceback (`--debug` shows it).
+The `run` command validates configuration, data, tokenizer and tracking before Prefect starts, so a bad
+input never reaches training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .errors import PipelineError
+
+EXIT_USER, EXIT_BUG = 2, 1
+
+
+def _env_defaults(store: Path) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str((store / "prefect-results").resolve()))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def _absolute(cfg):
+    """Relative paths are taken from the current folder once, so workers and the UI agree on them."""
+    cfg.store = str(Path(cfg.store).resolve())
+    cfg.tracking.artifact_root = str(Path(cfg.tracking.artifact_root).resolve())
+    d = cfg.data
+    if not d.path.startswith(("gdown://", "hf://")):
+        d.path = str(Path(d.path).expanduser().resolve())
+    if d.test_path and not d.test_path.startswith(("gdown://", "hf://")):
+        d.test_path = str(Path(d.test_path).expanduser().resolve())
+    d.shift = {k: (v if v.startswith(("gdown://", "hf://")) else str(Path(v).expanduser().resolve()))
+               for k, v in d.shift.items()}
+    if cfg.model.name.startswith((".", "/", "~")):
+        cfg.model.name = str(Path(cfg.model.name).expanduser().resolve())
+    return cfg
+
+
+def preflight(cfg) -> None:
+    """Everything that can be wrong with the inputs, checked before any training (results are cached)."""
+    from . import steps
+    from .storage import StepStore
+    from .tokenize import load_tokenizer
+    from .tracking import Tracker
+
+    Tracker.from_config(cfg.tracking).check()
+    load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
+    steps.download(cfg, StepStore(cfg.store))
+
+
+def cmd_run(args) -> int:
+    from .config import load_config
+    from .report import headline_table
+
+    cfg = _absolute(load_config(args.config, args.set))
+    _env_defaults(Path(cfg.store))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    preflight(cfg)
+    from flows.pipeline import ttt_pipeline
+
+    summary = ttt_pipeline(config=cfg)
+    from .tracking import Tracker
+
+    print("\n" + headline_table(summary))
+    print(f"cached tasks: {summary['cached_tasks']}/5   wall time: {summary['wall_s']:.1f} s")
+    print(f"MLflow run {summary['mlflow_run_id']}; open the UI with:\n  {Tracker.from_config(cfg.tracking).ui_command()}")
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(summary, default=str))
+    return 0
+
+
+def cmd_config(args) -> int:
+    from .config import PipelineConfig, load_config
+
+    if args.schema:
+        print(json.dumps(PipelineConfig.model_json_schema(), indent=2))
+        return 0
+    cfg = load_config(args.config, args.set)
+    import yaml
+
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def cmd_corrupt(args) -> int:
+    from .corruption import cli as corruption_cli
+
+    return corruption_cli.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ttt-pipeline", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run the whole pipeline (download, tokenise, fine-tune, corrupt, evaluate)")
+    r.add_argument("--config", default="demo", help="YAML file or preset name (default: demo)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. finetune.epochs=2")
+    r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("config", help="print the resolved configuration (or its JSON schema)")
+    c.add_argument("--config", default=None)
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--schema", action="store_true")
+    c.set_defaults(fn=cmd_config)
+
+    k = sub.add_parser("corrupt", help="list corruption families or corrupt a file of texts (one per line)")
+    from .corruption import cli as corruption_cli
+
+    corruption_cli.add_arguments(k)
+    k.set_defaults(fn=cmd_corrupt)
+    _add_run_inspection(sub)
+    return p
+
+
+def _add_run_inspection(sub) -> None:
+    try:
+        from . import runs
+    except ImportError:
+        return
+    runs.add_commands(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("TTT_DEBUG") == "1"
+    try:
+        return args.fn(args)
+    except PipelineError as exc:
+        if debug:
+            raise
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("interrupted: cached steps are kept; run the same command again to resume", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        print("hint: this looks like a bug; re-run with --debug for the traceback and report it", file=sys.stderr)
+        return EXIT_BUG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Label values (ints, floats such as MDSD's 4.0, strings) -> contiguous class ids, with a saved mapping."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from ..errors import DataError
+
+
+def canonical(value: Any) -> str | None:
+    """One spelling per label: 4, 4.0 and "4.0" are all "4"; missing values are None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)) or hasattr(value, "item"):
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            return str(value).strip() or None
+        return str(int(f)) if f.is_integer() else repr(f)
+    text = str(value).strip()
+    if not text:
+        return None
+    try:
+        f = float(text)
+    except ValueError:
+        return text
+    return str(int(f)) if math.isfinite(f) and f.is_integer() else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def infer_label_names(values: Iterable[str], where: str) -> list[str]:
+    uniq = sorted(set(values))
+    numeric = [v for v in uniq if _is_number(v)]
+    if numeric and len(numeric) != len(uniq):
+        other = [v for v in uniq if not _is_number(v)][:3]
+        raise DataError(f"{where}: labels of mixed types (numbers {numeric[:3]} and text {other})",
+                        "make the label column consistent, or list the classes in data.label_names")
+    if numeric:
+        return sorted(uniq, key=float)
+    return uniq
+
+
+def encode(values: list[str], names: list[str], where: str) -> list[int]:
+    index = {n: i for i, n in enumerate(names)}
+    bad = sorted({v for v in values if v not in index})
+    if bad:
+        raise DataError(f"{where}: labels {bad[:5]} are outside the classes {names}",
+                        "fix those rows, or add the values to data.label_names")
+    return [index[v] for v in values]

@@ -1,0 +1,162 @@
+"""The download step: any source -> a validated, split `datasets.DatasetDict` on disk plus its content digest.
+
+Validation happens here, before any training: missing columns, unusable rows, labels outside the classes and
+classes too small to split stop the run with a message naming the file and the fix. Empty texts and missing
+labels are dropped (counted in the metadata and logged), over-long reviews are cut to `max_text_chars`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import DataError
+from . import labels as L
+from .sources import load_source
+from .splits import stratified_cap, stratified_split
+
+log = logging.getLogger(__name__)
+
+
+def _columns(frame: pd.DataFrame, cfg, where: str) -> pd.DataFrame:
+    missing = [c for c in (cfg.text_column, cfg.label_column) if c not in frame.columns]
+    if missing:
+        have = ", ".join(map(str, list(frame.columns)[:12]))
+        which = "text_column" if cfg.text_column in missing else "label_column"
+        raise DataError(f"{where}: column(s) {missing} not found (columns: {have})",
+                        f"set data.{which} to one of the columns, e.g. --set data.{which}=<name>")
+    return frame[[cfg.text_column, cfg.label_column]].rename(
+        columns={cfg.text_column: "text", cfg.label_column: "label"})
+
+
+def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
+    texts, labels = [], []
+    dropped_text = dropped_label = cut = 0
+    for text, label in zip(frame["text"].tolist(), frame["label"].tolist()):
+        if text is None or (isinstance(text, float) and pd.isna(text)) or not str(text).strip():
+            dropped_text += 1
+            continue
+        lab = L.canonical(label)
+        if lab is None:
+            dropped_label += 1
+            continue
+        text = " ".join(str(text).split())  # one line, single spaces: reviews carry stray newlines/tabs
+        if len(text) > cfg.max_text_chars:
+            text = text[: cfg.max_text_chars]
+            cut += 1
+        texts.append(text)
+        labels.append(lab)
+    stats["dropped_empty_text"] = stats.get("dropped_empty_text", 0) + dropped_text
+    stats["dropped_missing_label"] = stats.get("dropped_missing_label", 0) + dropped_label
+    stats["truncated_texts"] = stats.get("truncated_texts", 0) + cut
+    if dropped_text or dropped_label:
+        log.warning("%s: dropped %d empty texts and %d rows without a label", where, dropped_text, dropped_label)
+    if not texts:
+        raise DataError(f"{where}: no usable reviews (every row has an empty text or no label)",
+                        "check data.text_column / data.label_column and the file's content")
+    return pd.DataFrame({"text": texts, "label": labels})
+
+
+def _frames(source: str, cfg, raw_dir: Path, stats: dict) -> tuple[dict[str, pd.DataFrame], str]:
+    frames, digest = load_source(source, raw_dir, cfg.pt_columns, cfg.sha256)
+    out = {}
+    for split, frame in frames.items():
+        where = source if split == "all" else f"{source} [{split}]"
+        if len(frame) == 0:
+            raise DataError(f"{where}: the dataset is empty", "give a source with reviews")
+        out[split] = _clean(_columns(frame, cfg, where), cfg, where, stats)
+    return out, digest
+
+
+def _normalise_split_names(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    alias = {"valid": "validation", "val": "validation", "dev": "validation"}
+    return {alias.get(k, k): v for k, v in frames.items()}
+
+
+def content_digest(splits: dict[str, pd.DataFrame], names: list[str]) -> str:
+    h = hashlib.sha256(json.dumps(names).encode())
+    for split in sorted(splits):
+        h.update(split.encode())
+        for t, y in zip(splits[split]["text"], splits[split]["label"]):
+            h.update(f"{y}\t{t}\n".encode())
+    return h.hexdigest()
+
+
+def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
+    """Write `out_dir/dataset` (DatasetDict: text, label) and `out_dir/labels.json`; return metadata."""
+    from datasets import Dataset, DatasetDict
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    stats: dict = {}
+    frames, raw_digest = _frames(cfg.path, cfg, raw_dir, stats)
+    frames = _normalise_split_names(frames)
+    if cfg.test_path:
+        test_frames, _ = _frames(cfg.test_path, cfg, raw_dir, stats)
+        frames = {"train": pd.concat(list(frames.values()) if "train" not in frames else [frames["train"]]),
+                  "test": pd.concat(list(test_frames.values()))}
+    elif "train" not in frames:
+        frames = {"train": pd.concat(list(frames.values()), ignore_index=True)}
+
+    names = [str(n) for n in cfg.label_names] if cfg.label_names else \
+        L.infer_label_names([v for f in frames.values() for v in f["label"]], cfg.path)
+    if len(names) < 2:
+        raise DataError(f"{cfg.path}: only one class ({names}) in the labels",
+                        "a classifier needs at least two classes; check data.label_column")
+    encoded = {s: f.assign(label=L.encode(f["label"].tolist(), names, cfg.path if s != "test" or not cfg.test_path
+                                          else cfg.test_path)).reset_index(drop=True)
+               for s, f in frames.items()}
+
+    if "test" not in encoded:
+        keep, test = stratified_split(encoded["train"]["label"].tolist(), cfg.test_fraction, cfg.split_seed, names, "test")
+        base = encoded["train"]
+        encoded["train"], encoded["test"] = base.iloc[keep].reset_index(drop=True), base.iloc[test].reset_index(drop=True)
+    if "validation" not in encoded and cfg.val_fraction > 0:
+        keep, val = stratified_split(encoded["train"]["label"].tolist(), cfg.val_fraction, cfg.split_seed + 1,
+                                     names, "validation")
+        base = encoded["train"]
+        encoded["train"], encoded["validation"] = base.iloc[keep].reset_index(drop=True), base.iloc[val].reset_index(drop=True)
+
+    caps = {"train": cfg.max_train_samples, "test": cfg.max_test_samples,
+            "validation": cfg.max_test_samples}
+    for split, cap in caps.items():
+        if split in encoded and cap is not None:
+            idx = stratified_cap(encoded[split]["label"].tolist(), cap, cfg.split_seed + 2)
+            encoded[split] = encoded[split].iloc[idx].reset_index(drop=True)
+
+    for name, source in cfg.shift.items():
+        shift_frames, _ = _frames(source, cfg, raw_dir, stats)
+        frame = pd.concat(list(shift_frames.values()), ignore_index=True)
+        frame = frame.assign(label=L.encode(frame["label"].tolist(), names, source))
+        idx = stratified_cap(frame["label"].tolist(), cfg.max_test_samples, cfg.split_seed + 3)
+        encoded[f"shift_{name}"] = frame.iloc[idx].reset_index(drop=True)
+
+    keep_splits = {s: f for s, f in encoded.items() if s in ("train", "validation", "test") or s.startswith("shift_")}
+    for split in ("train", "test"):
+        if len(keep_splits.get(split, [])) == 0:
+            raise DataError(f"{cfg.path}: the {split} split is empty", "give more reviews or change the split fractions")
+
+    dd = DatasetDict({s: Dataset.from_pandas(f[["text", "label"]], preserve_index=False) for s, f in keep_splits.items()})
+    dd.save_to_disk(str(Path(out_dir) / "dataset"))
+    (Path(out_dir) / "labels.json").write_text(json.dumps(dict(enumerate(names)), indent=2))
+    counts = {s: {names[c]: int((f["label"] == c).sum()) for c in range(len(names))} for s, f in keep_splits.items()}
+    return {
+        "label_names": names,
+        "num_labels": len(names),
+        "sizes": {s: len(f) for s, f in keep_splits.items()},
+        "class_counts": counts,
+        "content_digest": content_digest(keep_splits, names),
+        "raw_digest": raw_digest,
+        **stats,
+    }
+
+
+def load_prepared(path: str | Path):
+    from datasets import load_from_disk
+
+    path = Path(path)
+    return load_from_disk(str(path / "dataset")), json.loads((path / "labels.json").read_text())

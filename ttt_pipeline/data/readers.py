@@ -1,0 +1,184 @@
+"""Local file readers: every format becomes a pandas DataFrame, or a clear DataError naming the file."""
+
+from __future__ import annotations
+
+import html
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import DataError
+
+SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
+
+
+def _check_utf8(path: Path) -> None:
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            "re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+        ) from None
+
+
+def read_delimited(path: Path, sep: str) -> pd.DataFrame:
+    _check_utf8(path)
+    try:
+        return pd.read_csv(path, sep=sep, dtype=object, keep_default_na=False, na_values=[""],
+                           encoding="utf-8", on_bad_lines="error")
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the file is empty", "give a file with a header row and reviews") from None
+    except (pd.errors.ParserError, ValueError, csv_error()) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'}: {first}",
+                        "check quoting and the number of fields on the line named") from None
+
+
+def csv_error():
+    import csv
+
+    return csv.Error
+
+
+def read_jsonl(path: Path) -> pd.DataFrame:
+    _check_utf8(path)
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})",
+                                "each line must be one JSON object") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}",
+                                "each line must be one JSON object with the text and label fields")
+            rows.append(obj)
+    if not rows:
+        raise DataError(f"{path}: no records", "give at least one JSON object per line")
+    return pd.DataFrame(rows)
+
+
+def read_json(path: Path) -> pd.DataFrame:
+    _check_utf8(path)
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DataError(f"{path}: the file is empty", "give a JSON array of objects or JSON Lines")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return read_jsonl(path)  # .json files holding JSON Lines are common
+    if isinstance(obj, dict):
+        if all(isinstance(v, list) for v in obj.values()):
+            try:
+                return pd.DataFrame(obj)
+            except ValueError:
+                raise DataError(f"{path}: columns of different lengths", "give equal-length lists") from None
+        for key in ("data", "rows", "records", "reviews"):
+            if isinstance(obj.get(key), list):
+                obj = obj[key]
+                break
+    if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
+        raise DataError(f"{path}: expected a list of objects", "give [{\"text\": ..., \"label\": ...}, ...]")
+    if not obj:
+        raise DataError(f"{path}: no records", "give at least one review")
+    return pd.DataFrame(obj)
+
+
+def read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises many types for a damaged file
+        raise DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
+                        "check the file is a complete Parquet file") from None
+
+
+def read_pt(path: Path, columns: list[str]) -> pd.DataFrame:
+    """A torch-saved list of tuples (the tutorial's files) or dict of lists, never unpickling objects."""
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DataError(
+            f"{path}: refused to load: it needs code execution to unpickle ({str(exc).splitlines()[0][:160]})",
+            "only tensors, lists, dicts, strings and numbers are accepted; re-save the data plainly",
+        ) from None
+    except Exception as exc:
+        raise DataError(f"{path}: not a readable torch file ({type(exc).__name__})",
+                        "give a file written by torch.save") from None
+    if isinstance(obj, dict):
+        obj = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in obj.items()}
+        try:
+            return pd.DataFrame(obj)
+        except ValueError:
+            raise DataError(f"{path}: dict columns of different lengths", "give equal-length lists") from None
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            raise DataError(f"{path}: no records", "give at least one review")
+        if all(isinstance(r, dict) for r in obj):
+            return pd.DataFrame(list(obj))
+        if all(isinstance(r, (list, tuple)) for r in obj):
+            width = min(len(r) for r in obj)
+            names = columns[:width] + [f"col{i}" for i in range(len(columns), width)]
+            rows = [{n: (v.tolist() if isinstance(v, torch.Tensor) else v) for n, v in zip(names, r)} for r in obj]
+            return pd.DataFrame(rows)
+    raise DataError(f"{path}: unsupported torch object {type(obj).__name__}",
+                    "give a list of (text, label, ...) tuples or a dict of columns")
+
+
+def read_mdsd_folder(folder: Path) -> pd.DataFrame:
+    """Multi-Domain Sentiment `.review` XML files; HTML entities in the text are unescaped."""
+    files = sorted(folder.glob("*.review"))
+    if not files:
+        raise DataError(f"{folder}: no .review files", "point data.path at an MDSD domain folder")
+    rows = []
+    for f in files:
+        try:
+            root = ET.parse(f).getroot()
+        except ET.ParseError as exc:
+            raise DataError(f"{f}: not well-formed XML ({exc})", "check the file is a complete .review file") from None
+        for r in root.iter("review"):
+            def field(name: str) -> str:
+                el = r.find(name)
+                return html.unescape((el.text or "").strip()) if el is not None else ""
+
+            rows.append({"text": field("review_text"), "rating": field("rating"), "title": field("title"),
+                         "product_type": field("product_type"), "asin": field("asin"),
+                         "source_file": f.name})
+    if not rows:
+        raise DataError(f"{folder}: the .review files hold no <review> elements", "check the files")
+    return pd.DataFrame(rows)
+
+
+def read_local(path: Path, pt_columns: list[str]) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder", "check data.path (relative paths start at the current folder)")
+    if path.is_dir():
+        return read_mdsd_folder(path)
+    suffix = path.suffix.lower()
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty", "give a file with reviews")
+    if suffix == ".csv":
+        return read_delimited(path, ",")
+    if suffix == ".tsv":
+        return read_delimited(path, "\t")
+    if suffix == ".jsonl":
+        return read_jsonl(path)
+    if suffix == ".json":
+        return read_json(path)
+    if suffix == ".parquet":
+        return read_parquet(path)
+    if suffix == ".pt":
+        return read_pt(path, pt_columns)
+    raise DataError(f"{path}: unsupported file type '{suffix}'",
+                    f"use one of {', '.join(sorted(SUFFIXES))} or an MDSD folder of .review files")

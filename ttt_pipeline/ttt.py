@@ -1,0 +1,452 @@
+"""Masked test-time training: adapt on the MLM loss of each test unit, predict, restore.
+
+The algorithm is torch-ttt 0.0.2's `MaskedTTTEngine` (mask non-special, non-padding tokens with probability
+`mask_prob`, cross-entropy of the MLM head on the masked positions, `steps` optimizer steps at `lr`, then a
+prediction without gradients), re-implemented without its costs:
+
+- episodic by default: the adapted parameters are snapshotted once and copied back in place after every
+  unit (batch or sample) and the optimizer moments are zeroed in place; no deepcopy of model or inputs;
+- the MLM head runs only on the masked positions, and never on the prediction pass;
+- trailing all-padding columns are dropped (per-sample units run without any padding);
+- no-grad work runs under `torch.inference_mode`; CUDA uses bf16 autocast, CPU stays fp32.
+
+Masks are reproducible without any global RNG: each row's Bernoulli draws come from a generator seeded by
+(seed, a stable hash of the row's own non-padding token ids, the draw index). A review therefore gets the
+same masks alone, in any batch, at any padding length and in any evaluation order, which is what makes a
+per-sample prediction independent of batch composition. The mask function is injectable (`mask_fn`).
+
+Online mode keeps the adapted weights (and optimizer moments) from unit to unit, guarded by
+`CollapseGuard`, which restores the source weights when the MLM loss diverges or collapses or when the
+prediction entropy collapses (thresholds are `TTTSettings.guard_*`).
+
+Tent (entropy minimisation of the encoder's LayerNorm affine parameters) lives in `ttt_pipeline.tent` and
+shares the episodic machinery of `EpisodicEngine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .ttt_params import (OPTIMIZERS, PARAM_SELECTIONS, ParamSnapshot, make_optimizer, reset_optimizer_state,
+                         select_parameters)
+
+__all__ = ["TTTSettings", "MaskedTTT", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn",
+           "build_engine", "settings_from_config", "select_parameters", "eligible_positions", "TentEngine"]
+
+# mask_fn(input_ids, attention_mask, draw) -> bool mask (B x T); `draw` numbers the masks of one unit
+# (step * views + view) so that every step and view gets fresh, reproducible masks.
+MaskFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
+class TTTSettings:
+    """Engine settings (TTTConfig plus the knobs only the engine needs)."""
+
+    mask_prob: float = 0.1
+    steps: int = 1
+    lr: float = 3e-5
+    optimizer: str = "adam"
+    params: str = "all"
+    top_k: int = 2
+    views: int = 1
+    unit: str = "batch"
+    online: bool = False
+    seed: int = 0
+    tent_lr: float = 1e-4
+    tent_steps: int = 1
+    trim_padding: bool = True
+    # Rows per length-sorted sub-batch inside a unit (gradients accumulated, so the math is the same as
+    # one forward over the unit). None: 8 on CPU, where padding costs compute, off (0) on CUDA.
+    sub_batch: int | None = None
+    # Online-mode collapse guard. Baselines are the means over the first `guard_warmup` units after a
+    # (re)start; the signals are exponential moving averages (weight `guard_ema` on the newest unit) of the
+    # unit's first-step MLM loss and of its mean prediction entropy normalised by log(num_classes).
+    # Reset when: loss or entropy is not finite; loss EMA > guard_loss_high x baseline (divergence);
+    # loss EMA < guard_loss_low x baseline (the MLM task collapsed onto what it has memorised);
+    # entropy EMA < guard_entropy_low x baseline (predictions collapsed onto one class).
+    guard: bool = True
+    guard_warmup: int = 4
+    guard_ema: float = 0.3
+    guard_loss_high: float = 1.5
+    guard_loss_low: float = 0.25
+    guard_entropy_low: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
+        if self.steps < 1 or self.views < 1 or self.tent_steps < 1:
+            raise ValueError("steps, views and tent_steps must be >= 1")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {OPTIMIZERS}")
+        if self.params not in PARAM_SELECTIONS:
+            raise ValueError(f"unknown params {self.params!r}; choose from {PARAM_SELECTIONS}")
+        if self.unit not in ("batch", "sample"):
+            raise ValueError(f"unit must be 'batch' or 'sample', got {self.unit!r}")
+
+
+def eligible_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:
+    """Tokens that may be masked: real (not padding) and not special ([CLS], [SEP], [PAD] ...)."""
+    ok = attention_mask.bool()
+    if special_ids:
+        ok &= ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+    return ok
+
+
+def _row_key(tokens: np.ndarray) -> int:
+    """Stable 63-bit hash of a row's token ids (independent of Python's hash seed and of padding)."""
+    return int.from_bytes(hashlib.blake2b(tokens.astype(np.int64).tobytes(), digest_size=8).digest(), "little") >> 1
+
+
+class RowHashMasker:
+    """Bernoulli(mask_prob) over eligible tokens, each row drawn from its own generator seeded by
+    (seed, hash of the row's non-padding ids, draw): batch-, padding- and order-independent masks."""
+
+    def __init__(self, mask_prob: float, special_ids: list[int], seed: int = 0):
+        self.mask_prob = mask_prob
+        self.special_ids = list(special_ids)
+        self.seed = int(seed)
+        self._gen = torch.Generator()
+
+    def row_seed(self, tokens: np.ndarray, draw: int) -> int:
+        mix = (_row_key(tokens) ^ (self.seed * 0x9E3779B97F4A7C15) ^ ((draw + 1) * 0xBF58476D1CE4E5B9))
+        return mix & ((1 << 63) - 1)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, draw: int = 0) -> torch.Tensor:
+        ids = input_ids.detach().cpu().numpy()
+        real = attention_mask.detach().cpu().numpy().astype(bool)
+        rnd = np.ones(ids.shape, dtype=np.float32)
+        for i in range(ids.shape[0]):
+            pos = np.flatnonzero(real[i])
+            if pos.size:
+                self._gen.manual_seed(self.row_seed(ids[i, pos], draw))
+                rnd[i, pos] = torch.rand(pos.size, generator=self._gen).numpy()
+        mask = torch.from_numpy(rnd < self.mask_prob).to(input_ids.device)
+        return mask & eligible_positions(input_ids, attention_mask, self.special_ids)
+
+
+def bernoulli_mask(mask_prob: float, special_ids: list[int], seed: int = 0) -> MaskFn:
+    """Kept for callers of the first version: the default row-hash masker."""
+    return RowHashMasker(mask_prob, special_ids, seed)
+
+
+class CollapseGuard:
+    """Decides when an online engine must go back to the source weights (see TTTSettings.guard_*)."""
+
+    def __init__(self, warmup: int = 4, ema: float = 0.3, loss_high: float = 1.5, loss_low: float = 0.25,
+                 entropy_low: float = 0.2):
+        self.warmup, self.ema = max(1, warmup), ema
+        self.loss_high, self.loss_low, self.entropy_low = loss_high, loss_low, entropy_low
+        self.restart()
+
+    def restart(self) -> None:
+        self.n = 0
+        self._loss_sum = self._ent_sum = 0.0
+        self._loss_n = 0
+        self.base_loss = self.base_entropy = None
+        self.ema_loss = self.ema_entropy = None
+
+    def _smooth(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ema) * old + self.ema * new
+
+    def update(self, loss: float | None, entropy: float) -> str | None:
+        """Feed one unit's first-step MLM loss (None if nothing was masked) and mean normalised entropy;
+        returns the reason to reset, or None."""
+        if loss is not None and not math.isfinite(loss):
+            return f"MLM loss is {loss}"
+        if not math.isfinite(entropy):
+            return f"prediction entropy is {entropy}"
+        self.n += 1
+        if loss is not None:
+            self.ema_loss = self._smooth(self.ema_loss, loss)
+        self.ema_entropy = self._smooth(self.ema_entropy, entropy)
+        if self.n <= self.warmup:
+            if loss is not None:
+                self._loss_sum += loss
+                self._loss_n += 1
+            self._ent_sum += entropy
+            if self.n == self.warmup:
+                self.base_loss = self._loss_sum / self._loss_n if self._loss_n else None
+                self.base_entropy = self._ent_sum / self.n
+            return None
+        if self.base_loss is not None and self.ema_loss is not None:
+            if self.ema_loss > self.loss_high * self.base_loss:
+                return f"MLM loss diverged ({self.ema_loss:.3f} > {self.loss_high} x {self.base_loss:.3f})"
+            if self.ema_loss < self.loss_low * self.base_loss:
+                return f"MLM loss collapsed ({self.ema_loss:.3f} < {self.loss_low} x {self.base_loss:.3f})"
+        if self.base_entropy and self.ema_entropy < self.entropy_low * self.base_entropy:
+            return f"prediction entropy collapsed ({self.ema_entropy:.3f} < {self.entropy_low} x {self.base_entropy:.3f})"
+        return None
+
+
+def normalized_entropy(logits: torch.Tensor) -> float:
+    """Mean prediction entropy over the unit, divided by log(num_classes) (1 = uniform, 0 = one-hot)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    ent = -(logp.exp() * logp).sum(-1).mean()
+    return float(ent) / math.log(max(2, logits.shape[-1]))
+
+
+def _autocast(device: torch.device):
+    """bf16 autocast on CUDA (guarded), nothing on CPU: CPU stays fp32."""
+    if device.type == "cuda":
+        from .model import autocast_dtype
+
+        dtype = autocast_dtype(device)
+        if dtype is not None:
+            return torch.autocast("cuda", dtype=dtype)
+    return nullcontext()
+
+
+class EpisodicEngine:
+    """Shared machinery: units, sub-batches, adapt-predict-restore, online mode with the guard, statistics.
+
+    A unit (the batch, or one sample) is processed in length-sorted sub-batches of `sub_batch` rows, each
+    cut to its own longest row: the loss of the unit is the sum of the sub-batches' shares, so gradients
+    are accumulated (one optimizer step per unit and step, as with one big forward) while padding is not
+    computed and each sub-batch's graph is freed before the next one is built.
+
+    Subclasses set `self.steps` and implement `prepare(ids, am, step)` (unit-wide work such as masks;
+    None = nothing to learn from) and `chunk_loss(ids, am, rows, ctx)` (that sub-batch's share of the loss).
+    """
+
+    steps: int = 1
+
+    def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
+        self.model = model
+        self.s = settings
+        self.params = list(params)
+        if not self.params:
+            raise ValueError(f"{type(self).__name__}: no parameters selected to adapt")
+        wanted = {id(p) for p in self.params}
+        self._all = list(model.parameters())
+        self._frozen = [p for p in self._all if id(p) not in wanted]
+        self.snapshot = ParamSnapshot(self.params)
+        self.opt = make_optimizer(self.params, settings.optimizer, lr)
+        self.device = self.params[0].device
+        sub = settings.sub_batch
+        self.sub_batch = (0 if self.device.type == "cuda" else 8) if sub is None else int(sub)
+        self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,
+                                    settings.guard_loss_low, settings.guard_entropy_low)
+                      if settings.online and settings.guard else None)
+        self.stats = {"units": 0, "steps": 0, "resets": 0, "loss_sum": 0.0, "loss_n": 0}
+        self.reset_reasons: list[str] = []
+
+    # -- episodes -------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Back to the source weights and a fresh optimizer (in place)."""
+        self.snapshot.restore()
+        reset_optimizer_state(self.opt)
+        if self.guard is not None:
+            self.guard.restart()
+
+    def prepare(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step: int):
+        return {}
+
+    def chunk_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, ctx):
+        raise NotImplementedError
+
+    def chunks(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices of the sub-batches: rows sorted by length, `sub_batch` at a time (0: one chunk)."""
+        n = attention_mask.shape[0]
+        if self.sub_batch <= 0 or n <= self.sub_batch:
+            return [torch.arange(n, device=attention_mask.device)]
+        order = torch.argsort(attention_mask.sum(1), stable=True)
+        return list(order.split(self.sub_batch))
+
+    def _slice(self, input_ids, attention_mask, rows):
+        ids, am = input_ids[rows], attention_mask[rows]
+        return trim_padding(ids, am) if self.s.trim_padding else (ids, am)
+
+    def adapt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float | None:
+        """`steps` optimizer steps on the unit's loss; returns the first step's loss (before any update)."""
+        first = None
+        flags = [p.requires_grad for p in self._all]
+        for p in self._frozen:
+            p.requires_grad_(False)
+        for p in self.params:
+            p.requires_grad_(True)
+        parts = self.chunks(attention_mask)
+        try:
+            for step in range(self.steps):
+                self.opt.zero_grad(set_to_none=True)
+                ctx = self.prepare(input_ids, attention_mask, step)
+                if ctx is None:  # nothing to learn from (no maskable token): skip the step
+                    continue
+                total, any_part = 0.0, False
+                for rows in parts:
+                    ids, am = self._slice(input_ids, attention_mask, rows)
+                    with _autocast(self.device):
+                        loss = self.chunk_loss(ids, am, rows, ctx)
+                    if loss is None:
+                        continue
+                    loss.backward()
+                    total += float(loss.detach())
+                    any_part = True
+                if not any_part:
+                    continue
+                self.opt.step()
+                self.stats["steps"] += 1
+                if first is None:
+                    first = total
+        finally:
+            for p, f in zip(self._all, flags):
+                p.requires_grad_(f)
+            self.opt.zero_grad(set_to_none=True)
+        if first is not None:
+            self.stats["loss_sum"] += first
+            self.stats["loss_n"] += 1
+        return first
+
+    def forward_nograd(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Class logits under inference_mode, sub-batch by sub-batch, back in the input's row order."""
+        parts = self.chunks(attention_mask)
+        with torch.inference_mode(), _autocast(self.device):
+            if len(parts) == 1:
+                ids, am = self._slice(input_ids, attention_mask, parts[0])
+                logits = self.model(ids, am).float()
+                if not torch.equal(parts[0], torch.arange(len(parts[0]), device=parts[0].device)):
+                    logits = logits[torch.argsort(parts[0])]
+            else:
+                outs = [self.model(*self._slice(input_ids, attention_mask, rows)).float() for rows in parts]
+                logits = torch.empty(input_ids.shape[0], outs[0].shape[-1], device=outs[0].device)
+                logits[torch.cat(parts)] = torch.cat(outs)
+        return logits.clone()  # a normal tensor again (inference tensors cannot enter autograd later)
+
+    # -- prediction -----------------------------------------------------------------------------------
+    def predict(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Class logits (float32) after adapting on each unit; weights restored afterwards unless online."""
+        out_device = input_ids.device
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        was_training = self.model.training
+        self.model.eval()  # dropout off, as torch-ttt's engine in eval mode
+        try:
+            if self.s.unit == "sample":
+                outs = []
+                for i in range(input_ids.shape[0]):
+                    keep = attention_mask[i].bool()
+                    ids = input_ids[i, keep].unsqueeze(0)
+                    outs.append(self._run_unit(ids, torch.ones_like(ids)))
+                logits = torch.cat(outs)
+            else:
+                logits = self._run_unit(input_ids, attention_mask)
+        finally:
+            self.model.train(was_training)
+        return logits.to(out_device)
+
+    __call__ = predict
+
+    def _run_unit(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self.stats["units"] += 1
+        loss = self.adapt(input_ids, attention_mask)
+        logits = self.forward_nograd(input_ids, attention_mask)
+        if not self.s.online:
+            self.snapshot.restore()
+            reset_optimizer_state(self.opt)
+            return logits
+        if self.guard is not None:
+            reason = self.guard.update(loss, normalized_entropy(logits))
+            if reason is not None:  # redo this unit from the source weights; the guard restarts from it
+                self.reset_reasons.append(reason)
+                self.stats["resets"] += 1
+                self.reset()
+                loss = self.adapt(input_ids, attention_mask)
+                logits = self.forward_nograd(input_ids, attention_mask)
+                self.guard.update(loss, normalized_entropy(logits))
+        return logits
+
+    @property
+    def mean_loss(self) -> float | None:
+        return self.stats["loss_sum"] / self.stats["loss_n"] if self.stats["loss_n"] else None
+
+
+def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop trailing columns that are padding in every row (positions of real tokens are unchanged)."""
+    cols = attention_mask.bool().any(0).nonzero()
+    if cols.numel() == 0:
+        return input_ids, attention_mask
+    end = int(cols[-1]) + 1
+    if end == input_ids.shape[1]:
+        return input_ids, attention_mask
+    return input_ids[:, :end], attention_mask[:, :end]
+
+
+class MaskedTTT(EpisodicEngine):
+    """Masked-LM test-time training over a ReviewClassifier (see the module docstring)."""
+
+    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
+                 mask_fn: MaskFn | None = None):
+        super().__init__(model, settings, select_parameters(model, settings.params, settings.top_k), settings.lr)
+        self.steps = settings.steps
+        self.mask_token_id = mask_token_id
+        self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
+
+    def prepare(self, input_ids, attention_mask, step):
+        """The unit's masks for every view, drawn on the whole unit (so sub-batching cannot change them),
+        and each view's weight 1 / (masked tokens in the view x views with any masked token)."""
+        views = self.s.views
+        masks = [self.mask_fn(input_ids, attention_mask, step * views + v).to(input_ids.device).bool()
+                 for v in range(views)]
+        counts = [int(m.sum()) for m in masks]
+        live = [v for v in range(views) if counts[v] > 0]
+        if not live:
+            return None
+        return {"masks": [masks[v] for v in live], "scale": [1.0 / (counts[v] * len(live)) for v in live]}
+
+    def chunk_loss(self, input_ids, attention_mask, rows, ctx):
+        """This sub-batch's share of mean-over-views(mean MLM cross-entropy on the view's masked tokens);
+        all views run as one forward; the MLM head only sees the masked positions."""
+        width = input_ids.shape[1]
+        masks = [m[rows, :width] for m in ctx["masks"]]
+        n = len(masks)
+        mask = masks[0] if n == 1 else torch.cat(masks)
+        if not bool(mask.any()):
+            return None
+        ids = input_ids if n == 1 else input_ids.repeat(n, 1)
+        am = attention_mask if n == 1 else attention_mask.repeat(n, 1)
+        hidden = self.model.encode(ids.masked_fill(mask, self.mask_token_id), am)
+        ce = F.cross_entropy(self.model.mlm_logits_at(hidden, mask).float(), ids[mask], reduction="none")
+        if n == 1:
+            return ce.sum() * ctx["scale"][0]
+        per_view = [int(m.sum()) for m in masks]
+        return sum(part.sum() * s for part, s in zip(ce.split(per_view), ctx["scale"]))
+
+
+def settings_from_config(cfg) -> TTTSettings:
+    """TTTConfig (pydantic) -> engine settings; fields TTTSettings does not know are ignored."""
+    known = {f.name for f in fields(TTTSettings)}
+    data = cfg.model_dump() if hasattr(cfg, "model_dump") else dict(vars(cfg))
+    return TTTSettings(**{k: v for k, v in data.items() if k in known})
+
+
+def build_engine(method: str, model, tokenizer, cfg):
+    """An object with .predict(input_ids, attention_mask) -> logits for a method, or None for `none`.
+
+    `cfg` is a TTTConfig or a TTTSettings."""
+    from .model import special_token_ids
+
+    if method == "none":
+        return None
+    settings = cfg if isinstance(cfg, TTTSettings) else settings_from_config(cfg)
+    if method == "masked_ttt":
+        return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)
+    if method == "tent":
+        from .tent import TentEngine
+
+        return TentEngine(model, settings)
+    raise ValueError(f"unknown TTT method {method!r}; choose from none, masked_ttt, tent")
+
+
+def __getattr__(name: str):
+    if name == "TentEngine":  # re-exported lazily (tent.py imports this module)
+        from .tent import TentEngine
+
+        return TentEngine
+    raise AttributeError(name)

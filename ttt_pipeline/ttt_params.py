@@ -1,0 +1,113 @@
+"""Which parameters test-time adaptation touches, their optimizer, and an in-place snapshot/restore.
+
+Kept apart from the engines so that the masked-TTT and Tent engines share one definition of "restore":
+the adapted tensors are copied back in place from a snapshot taken once (no deepcopy of the model) and the
+optimizer state is zeroed in place (no re-allocation per unit).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PARAM_SELECTIONS = ("all", "layernorm", "top_k", "bias")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def _dedup(params) -> list[nn.Parameter]:
+    # Tied weights (the MLM decoder shares the word embeddings) must appear once in an optimizer.
+    seen: set[int] = set()
+    return [p for p in params if not (id(p) in seen or seen.add(id(p)))]
+
+
+def encoder_layers(model) -> list[nn.Module]:
+    """The transformer blocks of model.encoder (BERT/RoBERTa `encoder.layer`, DistilBERT `transformer.layer`)."""
+    enc = model.encoder
+    for path in ("encoder.layer", "transformer.layer", "layers", "layer"):
+        obj = enc
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, (nn.ModuleList, nn.Sequential, list)):
+            return list(obj)
+    raise ValueError(f"{type(enc).__name__}: cannot find its transformer layers for params=top_k")
+
+
+def layernorm_parameters(model) -> list[nn.Parameter]:
+    """Affine weights and biases of every LayerNorm inside the encoder (not the heads)."""
+    return _dedup(p for m in model.encoder.modules() if isinstance(m, nn.LayerNorm)
+                  for p in m.parameters(recurse=False))
+
+
+def select_parameters(model, which: str, top_k: int = 2) -> list[nn.Parameter]:
+    """The parameters TTT adapts.
+
+    all: every parameter of the model (as torch-ttt does; the classification head gets no gradient from
+    the MLM loss, so Adam leaves it alone); layernorm: encoder LayerNorm affine parameters; top_k: every
+    parameter of the last `top_k` encoder layers; bias: every bias of the encoder (BitFit-style).
+    """
+    if which == "all":
+        return _dedup(model.parameters())
+    if which == "layernorm":
+        return layernorm_parameters(model)
+    if which == "bias":
+        return _dedup(p for n, p in model.encoder.named_parameters() if n.endswith("bias"))
+    if which == "top_k":
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        layers = encoder_layers(model)
+        return _dedup(p for layer in layers[-top_k:] for p in layer.parameters())
+    raise ValueError(f"unknown parameter selection {which!r}; choose from {PARAM_SELECTIONS}")
+
+
+def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
+    """Adam/AdamW/SGD without momentum; the fused kernel where torch has one for these tensors."""
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}.get(name)
+    if cls is None:
+        raise ValueError(f"unknown optimizer {name!r}; choose from {OPTIMIZERS}")
+    params = list(params)
+    if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
+        try:
+            return cls(params, lr=lr, fused=True)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    return cls(params, lr=lr)
+
+
+class ParamSnapshot:
+    """A copy of some parameters taken once, restored in place (bit-exact) as often as needed."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = list(params)
+        with torch.no_grad():
+            self.saved = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        if not self.params:
+            return
+        if hasattr(torch, "_foreach_copy_"):
+            torch._foreach_copy_([p.data for p in self.params], self.saved)
+        else:  # pragma: no cover - older torch
+            for p, s in zip(self.params, self.saved):
+                p.copy_(s)
+
+    @torch.no_grad()
+    def changed(self) -> list[int]:
+        """Indices of the parameters that differ from the snapshot (for tests and diagnostics)."""
+        return [i for i, (p, s) in enumerate(zip(self.params, self.saved)) if not torch.equal(p, s)]
+
+
+@torch.no_grad()
+def reset_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Zero Adam/AdamW moments and step counters in place: the next step equals a fresh optimizer's first
+    step, without re-allocating the moment buffers for every unit. Unknown state is cleared."""
+    for state in opt.state.values():
+        for key, val in list(state.items()):
+            if isinstance(val, torch.Tensor) and key in ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                val.zero_()
+            else:
+                state.clear()
+                break
