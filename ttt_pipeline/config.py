@@ -161,6 +161,22 @@ class TrackingConfig(Section):
     log_model: bool = Field(True, description="Log the fine-tuned model as an artifact.")
 
 
+class ExecutionConfig(Section):
+    mode: Literal["local", "deployments"] = Field(
+        "local", description="local: every task in this process; deployments: fine-tune and evaluation run "
+        "as deployments on the GPU work pool (run_deployment), the grid fanned out per corruption family.")
+    gpu_pool: str = Field("gpu", description="Work pool of the heavy stages.")
+    finetune_deployment: str = Field("fine-tune/fine-tune-gpu", description="flow-name/deployment-name")
+    evaluate_deployment: str = Field("evaluate/evaluate-gpu", description="flow-name/deployment-name")
+    timeout_s: int = Field(6 * 3600, ge=60, description="How long to wait for a heavy deployment run.")
+
+
+class RegistryConfig(Section):
+    register: bool = Field(True, description="Register each run's model in the MLflow model registry.")
+    model_name: str = Field("ttt-review-classifier", description="Registered model name.")
+    metric: str = Field("acc_ttt", description="Robustness metric that decides the `champion` alias (higher wins).")
+
+
 class PipelineConfig(Section):
     """The whole pipeline; sections map one-to-one to stages."""
 
@@ -170,6 +186,8 @@ class PipelineConfig(Section):
     corruption: CorruptionConfig = CorruptionConfig()
     ttt: TTTConfig = TTTConfig()
     tracking: TrackingConfig = TrackingConfig()
+    execution: ExecutionConfig = ExecutionConfig()
+    registry: RegistryConfig = RegistryConfig()
     store: str = Field(".cache", description="Root of cached step outputs (paths + digests).")
 
     @model_validator(mode="after")
