@@ -172,7 +172,7 @@ class ExecutionConfig(Section):
 
 
 class RegistryConfig(Section):
-    register: bool = Field(True, description="Register each run's model in the MLflow model registry.")
+    enabled: bool = Field(True, description="Register each run's model in the MLflow model registry.")
     model_name: str = Field("ttt-review-classifier", description="Registered model name.")
     metric: str = Field("acc_ttt", description="Robustness metric that decides the `champion` alias (higher wins).")
 
