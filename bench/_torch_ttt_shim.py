@@ -9,6 +9,7 @@ package is missing). The product (ttt_pipeline) never imports torch-ttt.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -17,6 +18,7 @@ import types
 def _stub(name: str, **attrs) -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
     mod.__torch_ttt_stub__ = True
     sys.modules[name] = mod
     return mod
@@ -28,7 +30,7 @@ def _unavailable(*_a, **_k):
 
 def install() -> None:
     """Put stand-ins for torchvision(.transforms(.functional)) and einops into sys.modules if missing."""
-    if importlib.util.find_spec("torchvision") is None and "torchvision" not in sys.modules:
+    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
         functional = _stub("torchvision.transforms.functional", rotate=_unavailable,
                            resized_crop=_unavailable, gaussian_blur=_unavailable)
         transforms = _stub("torchvision.transforms", functional=functional, Compose=_unavailable,
@@ -36,7 +38,7 @@ def install() -> None:
                            RandomAffine=_unavailable, RandomGrayscale=_unavailable,
                            RandomApply=_unavailable, GaussianBlur=_unavailable)
         _stub("torchvision", transforms=transforms)
-    if importlib.util.find_spec("einops") is None and "einops" not in sys.modules:
+    if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
         _stub("einops", rearrange=_unavailable)
 
 

@@ -10,6 +10,7 @@ from prefect.runtime import flow_run
 
 from tasks import (corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task,
                    tokenise_task)
+from tasks.registry import register_task
 from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.report import headline_markdown
 from ttt_pipeline.tracking import Tracker
@@ -44,10 +45,17 @@ def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         log_stage_task(cfg, "tokenise", [tokens], parent, cached["tokenise"])
         corrupted, cached["corrupt"] = _run(corrupt_task, cfg, data)
         log_stage_task(cfg, "corrupt", [corrupted], parent, cached["corrupt"])
-        model, cached["fine-tune"] = _run(finetune_task, cfg, data, tokens)
-        log_stage_task(cfg, "fine-tune", [model], parent, cached["fine-tune"])
-        evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
-        logged = log_stage_task(cfg, "evaluate", [evaluation], parent, cached["evaluate"])
+        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (flows/stages.py)
+            from flows.stages import run_heavy_stages
+
+            model, evaluations, cached["fine-tune"], cached["evaluate"] = run_heavy_stages(
+                cfg, data, tokens, corrupted, parent)
+        else:
+            model, cached["fine-tune"] = _run(finetune_task, cfg, data, tokens)
+            log_stage_task(cfg, "fine-tune", [model], parent, cached["fine-tune"])
+            evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
+            evaluations = [evaluation]
+        logged = log_stage_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
@@ -64,6 +72,13 @@ def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     }
     tracker.metrics(parent, {**head, "cached_tasks": summary["cached_tasks"], "wall_s": summary["wall_s"]})
     tracker.tags(parent, {f"cache_hit.{k}": str(v).lower() for k, v in cached.items()})
+    summary["registry"] = None
+    if cfg.registry.enabled:  # register the model; alias `champion` when it wins on cfg.registry.metric
+        try:
+            summary["registry"] = register_task(cfg, parent, head)
+        except BaseException:
+            tracker.end(parent, "FAILED")
+            raise
     tracker.end(parent)
     create_markdown_artifact(headline_markdown(summary, tracker), key="ttt-pipeline-summary",
                              description="Clean / corrupted / TTT accuracy of this run")

@@ -26,7 +26,10 @@ def _out(d: dict | StepOutput) -> StepOutput:
 
 
 def _store(cfg: PipelineConfig) -> StepStore:
-    return StepStore(Path(cfg.store))
+    """A folder, or an fsspec URL synced through a local working cache (ttt_pipeline.remote_store)."""
+    from ttt_pipeline.remote_store import open_store
+
+    return open_store(cfg.store)
 
 
 def step_cache(step: str, inputs_of: Callable[[dict[str, Any]], dict]):
@@ -101,7 +104,9 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
         elif stage == "corrupt":
             stage_logging.log_corrupt(tracker, run_id, outs[0], cfg)
         elif stage == "evaluate":
-            head = stage_logging.log_evaluate(tracker, run_id, outs, steps.load_results(outs), cfg)
+            results = steps.load_results(outs)
+            head = stage_logging.log_evaluate(tracker, run_id, outs, results, cfg)
+            _grid_artifact(results["rows"])
         else:
             raise ValueError(f"unknown stage {stage!r}")
     except Exception:
@@ -109,3 +114,18 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
         raise
     tracker.end(run_id)
     return {"run_id": run_id, "headline": head}
+
+
+def _grid_artifact(rows: list[dict]) -> None:
+    """The evaluation grid as a Prefect table artifact (one row per test set and method)."""
+    from prefect.artifacts import create_table_artifact
+
+    from ttt_pipeline.plots import grid_table
+
+    try:
+        create_table_artifact(grid_table(rows), key="evaluation-grid",
+                              description="Accuracy and macro-F1 of every test set under every method")
+    except Exception as exc:  # the UI table is for people; MLflow holds the numbers already
+        import logging
+
+        logging.getLogger(__name__).warning("evaluation-grid artifact not created: %s", exc)

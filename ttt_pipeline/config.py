@@ -59,6 +59,12 @@ class DataConfig(Section):
             raise ValueError("must name a file, folder, gdown://ID or hf://DATASET")
         return v
 
+    @model_validator(mode="after")
+    def _distinct_columns(self) -> "DataConfig":
+        if self.text_column == self.label_column:
+            raise ValueError(f"text_column and label_column are both '{self.text_column}'; they must differ")
+        return self
+
 
 class ModelConfig(Section):
     name: str = Field(
@@ -67,8 +73,8 @@ class ModelConfig(Section):
         "(offline MiniLM-L6 shipped as a PyPI package).",
     )
     max_length: int = Field(128, ge=8, le=512, description="Tokens per review (truncation).")
-    head_hidden: list[int] = Field([256, 64], description="Hidden sizes of the ELU classification head.")
-    head_dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    head_hidden: list[int] = Field([128, 64], description="Hidden sizes of the ELU classification head (tutorial: 128, 64).")
+    head_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before each head layer (tutorial: 0).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safe default).")
 
     @field_validator("head_hidden")
@@ -95,6 +101,9 @@ class FinetuneConfig(Section):
         "dapt (domain-adaptive MLM before fine-tuning, then joint).",
     )
     mlm_weight: float = Field(0.5, ge=0, description="Weight of the MLM loss in joint training.")
+    joint_passes: Literal[1, 2] = Field(
+        2, description="Joint training forwards per step: 2 = classify the clean batch and run MLM on a masked "
+        "copy; 1 = classify the masked copy too (one pass: faster, masking acts as token dropout).")
     mlm_prob: float = Field(0.15, gt=0, lt=1, description="Masking rate of MLM training.")
     mlm_warmup_max_steps: int = Field(400, ge=0, description="Cap of the MLM-head warm-up (head-less encoders).")
     mlm_warmup_lr: float = Field(1e-3, gt=0)

@@ -7,7 +7,10 @@ logged exactly like a fresh one, tagged `cache_hit=true`.
 from __future__ import annotations
 
 import json
+import logging
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .evaluate import headline, metric_name
 from .storage import StepOutput
@@ -58,6 +61,7 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
                              "mlm_warmup_steps": m["mlm_warmup_steps"],
                              "mlm_warmup_final_loss": m["mlm_warmup_final_loss"]})
     tracker.artifact(run_id, Path(out.path) / "history.json")
+    log_plots(tracker, run_id, lambda d: _plots().write_finetune_plots(hist, d))
     if log_model:
         tracker.artifact(run_id, Path(out.path) / "model", "model")
 
@@ -97,4 +101,28 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
         cols = sorted({k for s in results["samples"] for k in s})
         tracker.client.log_table(run_id, data={c: [s.get(c, "") for s in results["samples"]] for c in cols},
                                  artifact_file="sample_predictions.json")
+    log_plots(tracker, run_id, lambda d: _plots().write_evaluation_plots(results, d))
     return head
+
+
+def _plots():
+    from . import plots  # matplotlib is imported only when a run logs plots
+
+    return plots
+
+
+def log_plots(tracker: Tracker, run_id: str, write: Callable[[Path], list[Path]], to_parent: bool = True) -> list[str]:
+    """PNG plots under `plots/` of the stage's run and of its pipeline (parent) run. A plot that cannot be
+    drawn never fails the stage: it is logged as a warning and the run is tagged `plots_error`."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="ttt-plots-") as tmp:
+            paths = write(Path(tmp))
+            tracker.artifact(run_id, tmp, "plots")
+            parent = tracker.client.get_run(run_id).data.tags.get("mlflow.parentRunId") if to_parent else None
+            if parent:
+                tracker.artifact(parent, tmp, "plots")
+        return [p.name for p in paths]
+    except Exception as exc:  # noqa: BLE001 - plots are for people; the numbers are logged already
+        logging.getLogger(__name__).warning("plots for run %s failed: %s: %s", run_id, type(exc).__name__, exc)
+        tracker.tags(run_id, {"plots_error": f"{type(exc).__name__}: {exc}"[:500]})
+        return []

@@ -18,7 +18,7 @@ from .config import PipelineConfig
 from .storage import StepOutput, StepStore
 
 Progress = Callable[[str, int, int, dict], None]
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "1", "corrupt": "1", "evaluate": "1"}
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "1", "corrupt": "2", "corrupt-set": "1", "evaluate": "1"}
 DEVICE_ONLY = {"device", "num_workers", "compile", "precision"}  # do not change results on CPU
 
 
@@ -114,32 +114,51 @@ def corrupt_inputs(cfg: PipelineConfig, data: StepOutput) -> dict:
 
 
 def corrupt(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOutput:
-    from .corruption import corrupt_texts
+    """The suite for this config: an index over (family, severity) sets, each generated once and cached on
+    its own, so adding a family or a severity only generates the new sets."""
     from .data.prepare import load_prepared
 
     inputs = corrupt_inputs(cfg, data)
 
     def build(tmp: Path) -> dict:
-        ds, _ = load_prepared(data.path)
-        texts = ds["test"]["text"]
+        loaded: list[list[str]] = []
+
+        def test_texts() -> list[str]:  # read once, and only if some set must be generated
+            if not loaded:
+                loaded.append(load_prepared(data.path)[0]["test"]["text"])
+            return loaded[0]
+
         sets = {}
-        (tmp / "sets").mkdir()
         for family in cfg.corruption.families:
             sevs = [cfg.corruption.severities[0]] if family == "tutorial" else cfg.corruption.severities
             for sev in sevs:
-                t0 = time.perf_counter()
-                cs = corrupt_texts(texts, family, sev, cfg.corruption.seed)
-                name = f"{family}-{sev}"
-                with open(tmp / "sets" / f"{name}.jsonl", "w", encoding="utf-8") as f:
-                    for t in cs.texts:
-                        f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
-                sets[name] = {"family": family, "severity": sev, "seed": cfg.corruption.seed, "n": len(cs.texts),
-                              "realised_edit_rate": cs.realised_edit_rate, "digest": cs.digest(),
-                              "wall_s": time.perf_counter() - t0,
-                              "examples": [[a, b] for a, b in list(zip(texts, cs.texts))[:5]]}
+                set_inputs = {"data": data.digest, "family": family, "severity": sev, "seed": cfg.corruption.seed}
+                one = store.run("corrupt-set", set_inputs,
+                                lambda t, f=family, s=sev: _write_set(t, test_texts(), f, s, cfg.corruption.seed),
+                                _v("corrupt-set"))
+                sets[f"{family}-{sev}"] = {**one.meta, "path": one.path, "set_digest": one.digest}
+        (tmp / "index.json").write_text(json.dumps(sets, indent=1))
         return {"sets": sets}
 
     return store.run("corrupt", inputs, build, _v("corrupt"))
+
+
+def _write_set(tmp: Path, texts: list[str], family: str, severity: int, seed: int) -> dict:
+    from .corruption import corrupt_texts
+
+    t0 = time.perf_counter()
+    cs = corrupt_texts(texts, family, severity, seed)
+    with open(tmp / "texts.jsonl", "w", encoding="utf-8") as f:
+        for t in cs.texts:
+            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    return {"family": family, "severity": severity, "seed": seed, "n": len(cs.texts),
+            "realised_edit_rate": cs.realised_edit_rate, "digest": cs.digest(), "wall_s": time.perf_counter() - t0,
+            "examples": [[a, b] for a, b in list(zip(texts, cs.texts))[:5]]}
+
+
+def read_set(corrupt_out: StepOutput, name: str) -> list[str]:
+    with open(Path(corrupt_out.meta["sets"][name]["path"]) / "texts.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
 
 
 def evaluate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
@@ -149,11 +168,6 @@ def evaluate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput
     return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest, "sets": chosen,
             "clean": families is None or "clean" in families, "ttt": cfg.ttt.model_dump(mode="json"),
             "max_length": cfg.model.max_length}
-
-
-def read_set(corrupt_out: StepOutput, name: str) -> list[str]:
-    with open(Path(corrupt_out.path) / "sets" / f"{name}.jsonl", encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f]
 
 
 def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,

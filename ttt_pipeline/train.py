@@ -321,12 +321,18 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
         for bi, batch in enumerate(_loader(train_ds, sampler, collate, workers)):
             ids, am, y = (batch[k].to(device, non_blocking=True) for k in ("input_ids", "attention_mask", "labels"))
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                logits = fwd_model(ids, am)
-                loss = F.cross_entropy(logits.float(), y, weight=loss_w)
+                if joint and cfg.joint_passes == 1:
+                    mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
+                    hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
+                    loss = F.cross_entropy(model.classify_hidden(hidden).float(), y, weight=loss_w)
+                    m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+                else:
+                    loss = F.cross_entropy(fwd_model(ids, am).float(), y, weight=loss_w)
+                    if joint:
+                        mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
+                        m_loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
                 ce_sum += loss.item()
                 if joint:
-                    mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
-                    m_loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
                     mlm_sum += m_loss.item()
                     loss = loss + cfg.mlm_weight * m_loss
             opt.zero_grad(set_to_none=True)

@@ -7,7 +7,8 @@ prediction without gradients), re-implemented without its costs:
 - episodic by default: the adapted parameters are snapshotted once and copied back in place after every
   unit (batch or sample) and the optimizer moments are zeroed in place; no deepcopy of model or inputs;
 - the MLM head runs only on the masked positions, and never on the prediction pass;
-- trailing all-padding columns are dropped (per-sample units run without any padding);
+- padding is not computed: a unit runs in length-sorted sub-batches cut to their longest row, with the
+  gradients accumulated (the same loss and step as one forward); per-sample units run without padding;
 - no-grad work runs under `torch.inference_mode`; CUDA uses bf16 autocast, CPU stays fp32.
 
 Masks are reproducible without any global RNG: each row's Bernoulli draws come from a generator seeded by
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from typing import Callable
@@ -63,9 +65,10 @@ class TTTSettings:
     tent_lr: float = 1e-4
     tent_steps: int = 1
     trim_padding: bool = True
-    # Rows per length-sorted sub-batch inside a unit (gradients accumulated, so the math is the same as
-    # one forward over the unit). None: 8 on CPU, where padding costs compute, off (0) on CUDA.
-    sub_batch: int | None = None
+    # Padded-token budget of the length-sorted sub-batches a unit is cut into (gradients accumulated, so
+    # the math is that of one forward over the unit). None: 2048 on CPU, where padding costs compute and
+    # sub-batches that big keep the matrix products efficient; 0 (off) on CUDA.
+    sub_batch_tokens: int | None = None
     # Online-mode collapse guard. Baselines are the means over the first `guard_warmup` units after a
     # (re)start; the signals are exponential moving averages (weight `guard_ema` on the newest unit) of the
     # unit's first-step MLM loss and of its mean prediction entropy normalised by log(num_classes).
@@ -219,6 +222,11 @@ class EpisodicEngine:
     steps: int = 1
 
     def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
+        # An online engine leaves its adapted weights in the model; a new engine must start from the source.
+        previous = getattr(model, "_ttt_online_engine", None)
+        previous = previous() if previous is not None else None
+        if previous is not None:
+            previous.close()
         self.model = model
         self.s = settings
         self.params = list(params)
@@ -230,8 +238,8 @@ class EpisodicEngine:
         self.snapshot = ParamSnapshot(self.params)
         self.opt = make_optimizer(self.params, settings.optimizer, lr)
         self.device = self.params[0].device
-        sub = settings.sub_batch
-        self.sub_batch = (0 if self.device.type == "cuda" else 8) if sub is None else int(sub)
+        sub = settings.sub_batch_tokens
+        self.sub_batch_tokens = (0 if self.device.type == "cuda" else 2048) if sub is None else int(sub)
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,
                                     settings.guard_loss_low, settings.guard_entropy_low)
                       if settings.online and settings.guard else None)
@@ -246,6 +254,18 @@ class EpisodicEngine:
         if self.guard is not None:
             self.guard.restart()
 
+    def close(self) -> None:
+        """Give the model back with its source weights (needed after online mode; harmless otherwise)."""
+        self.reset()
+        if getattr(self.model, "_ttt_online_engine", None) is not None and self.model._ttt_online_engine() is self:
+            self.model.__dict__.pop("_ttt_online_engine", None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def prepare(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step: int):
         return {}
 
@@ -253,12 +273,22 @@ class EpisodicEngine:
         raise NotImplementedError
 
     def chunks(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        """Row indices of the sub-batches: rows sorted by length, `sub_batch` at a time (0: one chunk)."""
+        """Row indices of the sub-batches: rows sorted by length, grouped while rows x longest row stays
+        within `sub_batch_tokens` (0: the whole unit as one chunk)."""
         n = attention_mask.shape[0]
-        if self.sub_batch <= 0 or n <= self.sub_batch:
+        budget = self.sub_batch_tokens
+        if budget <= 0 or n == 1 or n * attention_mask.shape[1] <= budget:
             return [torch.arange(n, device=attention_mask.device)]
-        order = torch.argsort(attention_mask.sum(1), stable=True)
-        return list(order.split(self.sub_batch))
+        lengths = attention_mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        sizes, count = [], 0
+        for length in lengths[order].tolist():
+            if count and (count + 1) * length > budget:
+                sizes.append(count)
+                count = 0
+            count += 1
+        sizes.append(count)
+        return list(order.split(sizes))
 
     def _slice(self, input_ids, attention_mask, rows):
         ids, am = input_ids[rows], attention_mask[rows]
@@ -351,6 +381,7 @@ class EpisodicEngine:
             self.snapshot.restore()
             reset_optimizer_state(self.opt)
             return logits
+        self.model.__dict__["_ttt_online_engine"] = weakref.ref(self)
         if self.guard is not None:
             reason = self.guard.update(loss, normalized_entropy(logits))
             if reason is not None:  # redo this unit from the source weights; the guard restarts from it

@@ -8,6 +8,14 @@ from typing import Any, Iterable
 from ..errors import DataError
 
 
+def safe_str(value: Any) -> str:
+    """str() that cannot fail: ints past Python's 4300-digit limit become hex."""
+    try:
+        return str(value)
+    except ValueError:
+        return hex(value) if isinstance(value, int) else repr(type(value))
+
+
 def canonical(value: Any) -> str | None:
     """One spelling per label: 4, 4.0 and "4.0" are all "4"; missing values are None."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -17,10 +25,12 @@ def canonical(value: Any) -> str | None:
     if isinstance(value, (int, float)) or hasattr(value, "item"):
         try:
             f = float(value)
-        except (TypeError, ValueError):
-            return str(value).strip() or None
+        except OverflowError:  # an int beyond float range (10**400) is still one exact label
+            return safe_str(value)
+        except (TypeError, ValueError, RuntimeError):  # arrays / tensors of several values
+            return safe_str(value).strip() or None
         return str(int(f)) if f.is_integer() else repr(f)
-    text = str(value).strip()
+    text = safe_str(value).strip().encode("utf-8", "backslashreplace").decode("utf-8")  # no lone surrogates
     if not text:
         return None
     try:

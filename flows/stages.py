@@ -1,0 +1,213 @@
+"""The heavy stages as their own flows, deployed on the `gpu` work pool, and the orchestrator's side of them.
+
+`fine-tune` and `evaluate` take only JSON: the configuration, the StepOutput dicts of their inputs (paths and
+digests) and the MLflow parent run id. They localise their inputs from the shared store (a no-op when the
+store is a shared folder), run the same Prefect tasks as the in-process pipeline, and log their MLflow child
+run under the given parent.
+
+`run_heavy_stages` is what `ttt-pipeline` calls when `execution.mode == "deployments"`: one fine-tune run,
+then one evaluate run per corruption family (plus `clean` for the clean and shifted sets), all submitted at
+once so that every idle GPU worker takes one. A worker started with `--limit 1` runs one heavy job at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from tasks import evaluate_task, finetune_task, log_stage_task
+from ttt_pipeline import steps
+from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.remote_store import is_url, localise, open_store, peek
+from ttt_pipeline.storage import StepOutput, StepStore
+
+
+def _run(task_fn, *args, **kwargs) -> tuple[dict, bool]:
+    state = task_fn(*args, return_state=True, **kwargs)
+    result = state.result()
+    return result, state.name == "Cached" or bool(result.get("cached"))
+
+
+def enter_pipeline_home() -> dict:
+    """Prefect pull step (see prefect.yaml): the run's working directory is the worker's TTT_PIPELINE_HOME.
+
+    Read when the run starts, on the worker (a `{{ $VAR }}` template in prefect.yaml would be filled in on the
+    deploying machine whenever that variable is set there), so relative paths of a configuration (store
+    `.cache`, `sqlite:///mlflow.db`, `data/...`) mean the same folder for every run of that worker.
+    """
+    home = os.environ.get("TTT_PIPELINE_HOME")
+    if not home:
+        raise RuntimeError("TTT_PIPELINE_HOME is not set on this worker: start the worker with "
+                           "TTT_PIPELINE_HOME=/path/to/project (scripts/serve.sh and docker-compose.yml do)")
+    path = Path(home).expanduser().resolve()
+    if not path.is_dir():
+        raise RuntimeError(f"TTT_PIPELINE_HOME={home} is not a folder on this worker")
+    return {"directory": str(path)}
+
+
+def nproc_per_node() -> int:
+    """Processes for data-parallel fine-tuning on this worker: TTT_NPROC_PER_NODE, else 1."""
+    try:
+        return max(1, int(os.environ.get("TTT_NPROC_PER_NODE", "1")))
+    except ValueError:
+        return 1
+
+
+@flow(name="fine-tune")
+def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_id: str | None = None) -> dict:
+    """Fine-tune on a GPU worker (data-parallel over TTT_NPROC_PER_NODE processes when > 1)."""
+    cfg = config
+    store = open_store(cfg.store)
+    data, tokens = localise(store, data), localise(store, tokens)
+    nproc = nproc_per_node()
+    if nproc > 1 and steps.stored("finetune", steps.finetune_inputs(cfg, StepOutput(**tokens),
+                                                                    StepOutput(**data)), store) is None:
+        get_run_logger().info("data-parallel fine-tuning on %d processes (torchrun)", nproc)
+        from ttt_pipeline.distributed import launch_finetune
+
+        launch_finetune(cfg, data, tokens, nproc)  # writes the step output into the store
+    model, cached = _run(finetune_task, cfg, data, tokens)
+    if parent_run_id:
+        log_stage_task(cfg, "fine-tune", [model], parent_run_id, cached)
+    return model
+
+
+@flow(name="evaluate")
+def evaluate_flow(config: PipelineConfig, data: dict, model: dict, corrupted: dict,
+                  families: list[str] | None = None) -> dict:
+    """Score one share of the evaluation grid (`families`; "clean" = the clean and shifted sets)."""
+    cfg = config
+    store = open_store(cfg.store)
+    data, model, corrupted = (localise(store, d) for d in (data, model, corrupted))
+    out, _ = _run(evaluate_task, cfg, data, model, corrupted, families)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The orchestrator's side: submit, wait, read the outputs back from the store.
+
+
+def portable(cfg: PipelineConfig) -> PipelineConfig:
+    """A copy whose local paths are absolute, so a worker in another folder reads the same store and model."""
+    cfg = cfg.model_copy(deep=True)
+    if not is_url(cfg.store):
+        cfg.store = str(Path(cfg.store).expanduser().resolve())
+    uri = cfg.tracking.tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        cfg.tracking.tracking_uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if not is_url(cfg.tracking.artifact_root):
+        cfg.tracking.artifact_root = str(Path(cfg.tracking.artifact_root).expanduser().resolve())
+    name = cfg.model.name
+    if not name.startswith(("pypi:", "/")) and Path(name).expanduser().exists():
+        cfg.model.name = str(Path(name).expanduser().resolve())
+    return cfg
+
+
+def evaluation_shares(cfg: PipelineConfig) -> list[list[str]]:
+    """One evaluate run per corruption family, plus one for the clean and shifted sets."""
+    return [["clean"]] + [[f] for f in cfg.corruption.families]
+
+
+def _wait(flow_run_ids: list, timeout_s: float, poll_s: float = 2.0) -> list:
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    pending = {str(i): None for i in flow_run_ids}
+    with get_client(sync_client=True) as client:
+        while True:
+            for fid in [k for k, v in pending.items() if v is None]:
+                fr = client.read_flow_run(fid)
+                if fr.state is not None and fr.state.is_final():
+                    pending[fid] = fr
+            if all(v is not None for v in pending.values()):
+                return [pending[str(i)] for i in flow_run_ids]
+            if time.monotonic() > deadline:
+                late = [k for k, v in pending.items() if v is None]
+                raise TimeoutError(f"heavy deployment runs {late} not finished after {timeout_s:.0f}s "
+                                   "(is a worker polling the gpu pool? `prefect worker start --pool gpu`)")
+            time.sleep(poll_s)
+
+
+def _submit(name: str, parameters: dict[str, Any], run_name: str):
+    from prefect.deployments import run_deployment
+
+    try:
+        return run_deployment(name, parameters=parameters, timeout=0, flow_run_name=run_name,
+                              tags=["ttt-pipeline", "heavy"])
+    except Exception as exc:
+        if "not found" in str(exc).lower() or type(exc).__name__ == "ObjectNotFound":
+            raise PipelineError(f"deployment {name!r} not found on the Prefect server",
+                                "run `prefect --no-prompt deploy --all` in the project folder first") from None
+        raise
+
+
+def _check(runs: list, what: str) -> None:
+    bad = [f"{r.name} ({r.state.type.value}: {r.state.message})" for r in runs if not r.state.is_completed()]
+    if bad:
+        raise PipelineError(f"{what} failed on the gpu pool: {'; '.join(bad)}",
+                            "open these flow runs in the Prefect UI for their logs")
+
+
+def _expected(store: StepStore, step: str, inputs: dict) -> dict | None:
+    out = peek(store, step, StepStore.key(step, inputs, steps._v(step)))
+    return None if out is None else out.to_dict()
+
+
+def run_heavy_stages(cfg: PipelineConfig, data: dict, tokens: dict, corrupted: dict,
+                     parent_run_id: str) -> tuple[dict, list[dict], bool, bool]:
+    """Fine-tune, then the evaluation fan-out, as deployment runs on the gpu pool.
+
+    Returns (model output, evaluation outputs, fine-tune cached, evaluation cached). Outputs are read back
+    from the store by their content keys (the same keys the GPU side computed), so no result storage has to
+    be shared between machines.
+    """
+    logger = get_run_logger()
+    ex = cfg.execution
+    cfg = portable(cfg)
+    store = open_store(cfg.store)
+    params = cfg.model_dump(mode="json")
+    ft_inputs = steps.finetune_inputs(cfg, StepOutput(**tokens), StepOutput(**data))
+    ft_cached = _expected(store, "finetune", ft_inputs) is not None
+    run = _submit(ex.finetune_deployment, {"config": params, "data": data, "tokens": tokens,
+                                           "parent_run_id": parent_run_id}, "fine-tune")
+    logger.info("fine-tune submitted to %s as flow run %s", ex.finetune_deployment, run.id)
+    _check(_wait([run.id], ex.timeout_s), "fine-tuning")
+    model = _expected(store, "finetune", ft_inputs)
+    if model is None:
+        raise PipelineError("the fine-tune run completed but its output is not in the store",
+                            "every worker must share `store` (a common mount or an fsspec URL)")
+    model["cached"] = ft_cached
+
+    outs, ev_cached = evaluate_on_gpu(cfg, data, model, corrupted, evaluation_shares(cfg))
+    return model, outs, ft_cached, ev_cached
+
+
+def evaluate_on_gpu(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict,
+                    shares: list[list[str]]) -> tuple[list[dict], bool]:
+    """One evaluate deployment run per share, submitted together; (outputs in this machine's cache, cached)."""
+    logger = get_run_logger()
+    cfg = portable(cfg)
+    store = open_store(cfg.store)
+    params = cfg.model_dump(mode="json")
+    ev_inputs = [steps.evaluate_inputs(cfg, StepOutput(**data), StepOutput(**model), StepOutput(**corrupted), fams)
+                 for fams in shares]
+    cached = all(_expected(store, "evaluate", i) is not None for i in ev_inputs)
+    runs = [_submit(cfg.execution.evaluate_deployment,
+                    {"config": params, "data": data, "model": model, "corrupted": corrupted, "families": fams},
+                    f"evaluate-{'-'.join(fams)}") for fams in shares]
+    logger.info("evaluation fanned out over %d runs: %s", len(runs), [" ".join(f) for f in shares])
+    _check(_wait([r.id for r in runs], cfg.execution.timeout_s), "evaluation")
+    outs = []
+    for fams, inputs in zip(shares, ev_inputs):
+        out = _expected(store, "evaluate", inputs)
+        if out is None:
+            raise PipelineError(f"evaluation of {fams} completed but its output is not in the store",
+                                "every worker must share `store` (a common mount or an fsspec URL)")
+        out["cached"] = cached
+        outs.append(localise(store, out))  # the orchestrator reads results.json to log the evaluate stage
+    return outs, cached

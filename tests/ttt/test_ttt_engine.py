@@ -1,0 +1,373 @@
+"""MaskedTTT and Tent engines on a tiny random BERT: isolation, reproducibility and every option."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ttt_pipeline.config import TTTConfig
+from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
+from ttt_pipeline.tent import TentEngine
+from ttt_pipeline.ttt import (CollapseGuard, MaskedTTT, RowHashMasker, TTTSettings, build_engine,
+                              select_parameters, settings_from_config)
+from ttt_pipeline.ttt_params import encoder_layers, make_optimizer, reset_optimizer_state
+
+TEXTS = ["the battery died after two days and support never answered my emails",
+         "great little speaker , loud and clear",
+         "it works as described . the cable is a bit short but fine for the price overall",
+         "terrible",
+         "i returned it : the screen flickers whenever the fan spins up and the remote is flimsy",
+         "five stars , would buy again"]
+
+
+@pytest.fixture(scope="module")
+def env(tiny_bert_dir):
+    torch.manual_seed(0)
+    mlm, tok, _ = load_pretrained(str(tiny_bert_dir))
+    meta = ModelMeta(str(tiny_bert_dir), 3, ["a", "b", "c"], [16], 0.1, 48, True)
+    model = ReviewClassifier(mlm, meta).eval()
+    return model, tok
+
+
+def batch(tok, texts, length=None):
+    kw = dict(padding="max_length", max_length=length) if length else dict(padding=True)
+    enc = tok(list(texts), truncation=True, return_tensors="pt", **kw)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def engine(env, **kw):
+    model, tok = env
+    kw.setdefault("mask_prob", 0.3)
+    kw.setdefault("lr", 1e-3)
+    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**kw))
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def changed_names(model, before):
+    return {n for (n, p), b in zip(model.named_parameters(), before) if not torch.equal(p, b)}
+
+
+# ----------------------------------------------------------------------------------------- isolation
+@pytest.mark.parametrize("kw", [dict(unit="batch"), dict(unit="sample"), dict(unit="batch", views=2, steps=2),
+                                dict(unit="sample", params="layernorm", optimizer="sgd")])
+def test_weights_bit_identical_after_a_test_set(env, kw):
+    """Episodic: after many units the model is exactly the source model (restore in place, no leak)."""
+    model, tok = env
+    before = weights(model)
+    eng = engine(env, **kw)
+    for i in range(3):
+        ids, am = batch(tok, TEXTS[i:i + 3])
+        out = eng.predict(ids, am)
+        assert out.shape == (ids.shape[0], 3) and out.dtype == torch.float32
+    assert eng.stats["steps"] > 0
+    assert same(before, weights(model))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_per_sample_prediction_independent_of_batch(env):
+    """Per-sample units: a review's logits are bit-identical alone, in any batch, at any padding length."""
+    model, tok = env
+    eng = engine(env, unit="sample", lr=1e-2, seed=1)
+    target = TEXTS[2]
+    ids, am = batch(tok, [target])
+    alone = eng.predict(ids, am)[0]
+    for others, length in ((TEXTS[:2], None), (TEXTS[3:], 48), ([TEXTS[0]] * 4, 64)):
+        b_ids, b_am = batch(tok, [*others, target], length)
+        assert torch.equal(eng.predict(b_ids, b_am)[-1], alone)
+        b_ids, b_am = batch(tok, [target, *others], length)
+        assert torch.equal(eng.predict(b_ids, b_am)[0], alone)
+    assert eng.stats["steps"] > 0
+    with torch.no_grad():
+        assert not torch.allclose(model(ids, am)[0], alone, atol=1e-4)  # and it changed the prediction
+
+
+def test_same_seed_same_predictions_other_seed_differs(env):
+    model, tok = env
+    ids, am = batch(tok, TEXTS)
+    a = engine(env, seed=3, lr=1e-2).predict(ids, am)
+    b = engine(env, seed=3, lr=1e-2).predict(ids, am)
+    c = engine(env, seed=4, lr=1e-2).predict(ids, am)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_batch_mode_independent_of_evaluation_order(env):
+    """Masks come from row contents, not a running RNG: re-running a batch later gives the same logits."""
+    model, tok = env
+    eng = engine(env, lr=1e-2)
+    first = batch(tok, TEXTS[:3])
+    a = eng.predict(*first)
+    eng.predict(*batch(tok, TEXTS[3:]))
+    assert torch.equal(eng.predict(*first), a)
+
+
+def test_masker_is_row_local_and_respects_specials(env):
+    model, tok = env
+    masker = RowHashMasker(0.25, special_token_ids(tok), seed=0)
+    ids, am = batch(tok, TEXTS, 64)
+    m = masker(ids, am, 0)
+    special = torch.isin(ids, torch.tensor(special_token_ids(tok)))
+    assert not (m & special).any() and not (m & ~am.bool()).any()
+    for i in range(len(TEXTS)):  # the same row alone and unpadded gets the same mask
+        n = int(am[i].sum())
+        assert torch.equal(masker(ids[i:i + 1, :n], am[i:i + 1, :n], 0)[0], m[i, :n])
+    assert not torch.equal(masker(ids, am, 1), m)  # another draw, another mask
+    rows = torch.randint(1000, 20000, (2000, 20), generator=torch.Generator().manual_seed(0))
+    rate = masker(rows, torch.ones_like(rows), 0).float().mean()
+    assert 0.24 < float(rate) < 0.26  # 40,000 Bernoulli(0.25) draws
+
+
+def test_sub_batches_give_the_same_logits(env):
+    """Length-sorted sub-batches accumulate the same gradient as one forward over the unit."""
+    model, tok = env
+    ids, am = batch(tok, TEXTS, 64)
+    whole = engine(env, sub_batch_tokens=0, lr=1e-2, views=2).predict(ids, am)
+    for sub in (1, 40, 100):
+        eng = engine(env, sub_batch_tokens=sub, lr=1e-2, views=2)
+        parts = eng.chunks(am)
+        assert len(parts) > 1 and sorted(torch.cat(parts).tolist()) == list(range(len(TEXTS)))
+        lengths = am.sum(1)
+        assert all(len(p) == 1 or len(p) * int(lengths[p].max()) <= sub for p in parts)
+        assert torch.allclose(eng.predict(ids, am), whole, atol=1e-5)
+
+
+def test_mlm_head_only_at_masked_positions_and_not_when_predicting(env):
+    model, tok = env
+    rows = []
+    hook = model.mlm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    try:
+        ids, am = batch(tok, TEXTS)
+        masker = RowHashMasker(0.3, special_token_ids(tok), seed=0)
+        eng = engine(env, sub_batch_tokens=0, steps=2)
+        eng.mask_fn = masker
+        eng.predict(ids, am)
+    finally:
+        hook.remove()
+    assert rows == [int(masker(ids, am, 0).sum()), int(masker(ids, am, 1).sum())]
+
+
+def test_model_mode_and_requires_grad_restored(env):
+    model, tok = env
+    model.train()
+    flags = [p.requires_grad for p in model.parameters()]
+    seen = []
+    hook = model.head.register_forward_hook(lambda m, i, o: seen.append(m.training))
+    try:
+        engine(env, params="layernorm").predict(*batch(tok, TEXTS[:2]))
+        out = engine(env).predict(*batch(tok, TEXTS[:2]))
+    finally:
+        hook.remove()
+        assert model.training
+        model.eval()
+    assert seen and not any(seen)  # dropout off while adapting and predicting
+    assert flags == [p.requires_grad for p in model.parameters()]
+    assert not out.requires_grad and not out.is_inference()
+
+
+def test_optimizer_reset_equals_fresh_optimizer():
+    """Zeroing Adam's moments in place gives bit-for-bit a fresh optimizer's first step."""
+    torch.manual_seed(0)
+    for name in ("adam", "adamw"):
+        p = torch.nn.Parameter(torch.randn(50))
+        q = torch.nn.Parameter(p.detach().clone())
+        opt = make_optimizer([p], name, 1e-2)
+        for _ in range(3):
+            p.grad = torch.randn(50)
+            opt.step()
+        reset_optimizer_state(opt)
+        with torch.no_grad():
+            p.copy_(q)
+        g = torch.randn(50)
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        make_optimizer([q], name, 1e-2).step()
+        assert torch.equal(p, q)
+
+
+# ------------------------------------------------------------------------------------------- options
+@pytest.mark.parametrize("which", ["all", "layernorm", "top_k", "bias"])
+def test_parameter_selection_adapts_only_what_it_says(env, which):
+    model, tok = env
+    before = weights(model)
+    eng = engine(env, params=which, top_k=1, lr=1e-2, sub_batch_tokens=0)
+    loss = eng.adapt(*batch(tok, TEXTS))
+    assert loss is not None and math.isfinite(loss)
+    changed = changed_names(model, before)
+    eng.reset()
+    assert same(before, weights(model))
+    assert changed
+    names = {id(p): n for n, p in model.named_parameters()}
+    selected = {names[id(p)] for p in select_parameters(model, which, 1)}
+    assert changed <= selected
+    if which == "layernorm":
+        assert all("LayerNorm" in n and "cls." not in n for n in changed)
+    if which == "bias":
+        assert all(n.endswith("bias") for n in changed)
+    if which == "top_k":
+        last = {id(p) for p in encoder_layers(model)[-1].parameters()}
+        assert all(id(dict(model.named_parameters())[n]) in last for n in changed)
+    if which == "all":  # encoder and MLM head move; the classifier head gets no MLM gradient
+        assert any(n.startswith("mlm_model.cls.") for n in changed)
+        assert any("encoder.layer.0." in n for n in changed)
+        assert not any(n.startswith("head.") for n in changed)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw", "adam"])
+def test_optimizers_work(env, opt):
+    model, tok = env
+    ids, am = batch(tok, TEXTS)
+    with torch.no_grad():
+        plain = model(ids, am)
+    out = engine(env, optimizer=opt, lr=1.0 if opt == "sgd" else 1e-2).predict(ids, am)
+    assert torch.isfinite(out).all()
+    assert (out - plain).abs().max() > 1e-4
+
+
+def test_views_average_the_loss(env):
+    """views=3: the step's loss is the mean over views of each view's masked-token cross-entropy; a view
+    with no masked token is left out of the mean."""
+    model, tok = env
+    ids, am = batch(tok, TEXTS)
+    base = RowHashMasker(0.3, special_token_ids(tok), seed=0)
+
+    def mask_fn(i, a, draw):
+        return torch.zeros_like(a, dtype=torch.bool) if draw == 1 else base(i, a, draw)
+
+    eng = engine(env, views=3, sub_batch_tokens=40)
+    eng.mask_fn = mask_fn
+    got = eng.adapt(ids, am)
+    eng.reset()
+    expected = []
+    with torch.no_grad():
+        for d in (0, 2):
+            m = base(ids, am, d)
+            h = model.encode(ids.masked_fill(m, tok.mask_token_id), am)
+            expected.append(F.cross_entropy(model.mlm_logits_at(h, m), ids[m]).item())
+    assert got == pytest.approx(sum(expected) / 2, rel=1e-5)
+    assert got != pytest.approx(expected[0], rel=1e-3)
+
+
+def test_no_maskable_token_means_no_step(env):
+    model, tok = env
+    eng = engine(env)
+    eng.mask_fn = lambda i, a, d: torch.zeros_like(a, dtype=torch.bool)
+    ids, am = batch(tok, TEXTS[:2])
+    with torch.no_grad():
+        plain = model(ids, am)
+    assert torch.allclose(eng.predict(ids, am), plain, atol=1e-6)
+    assert eng.stats["steps"] == 0
+
+
+def test_online_mode_keeps_changes(env):
+    model, tok = env
+    before = weights(model)
+    ids, am = batch(tok, TEXTS)
+    episodic = engine(env, lr=1e-2)
+    e1, e2 = episodic.predict(ids, am), episodic.predict(ids, am)
+    assert torch.equal(e1, e2)
+    online = engine(env, lr=1e-2, online=True)
+    try:
+        assert torch.equal(online.predict(ids, am), e1)  # the first unit starts from the source weights
+        assert not same(before, weights(model))  # and its changes are kept
+        assert not torch.equal(online.predict(ids, am), e1)  # so the second unit starts elsewhere
+    finally:
+        online.close()
+    assert same(before, weights(model))
+
+
+def test_new_engine_starts_from_source_weights_after_an_online_one(env):
+    """An online engine leaves the model adapted; building the next engine on it restores the source first."""
+    model, tok = env
+    before = weights(model)
+    ids, am = batch(tok, TEXTS)
+    online = engine(env, lr=1e-2, online=True)
+    online.predict(ids, am)
+    assert not same(before, weights(model))
+    fresh = engine(env, lr=1e-2)
+    assert same(before, weights(model))
+    assert same(before, fresh.snapshot.saved)
+
+
+def test_guard_trips_on_collapse_and_not_on_a_stable_stream():
+    g = CollapseGuard(warmup=3, ema=0.5, loss_high=1.5, loss_low=0.25, entropy_low=0.2)
+    assert all(g.update(6.0 + 0.1 * (i % 3), 0.8) is None for i in range(20))
+    g.restart()
+    reasons = [g.update(x, 0.8) for x in (6, 6, 6, 9, 12, 20)]
+    assert reasons[:3] == [None] * 3 and any(r and "diverged" in r for r in reasons)
+    g.restart()
+    reasons = [g.update(x, 0.8) for x in (6, 6, 6, 1, 0.5, 0.1)]
+    assert any(r and "MLM loss collapsed" in r for r in reasons)
+    g.restart()
+    reasons = [g.update(6.0, e) for e in (0.8, 0.8, 0.8, 0.05, 0.01, 0.0)]
+    assert any(r and "entropy collapsed" in r for r in reasons)
+    g.restart()
+    assert "loss" in g.update(float("nan"), 0.5)
+
+
+def test_online_guard_resets_a_diverging_model(env):
+    """A huge SGD step diverges the MLM loss; the guard restores the source weights and counts it."""
+    model, tok = env
+    before = weights(model)
+    ids, am = batch(tok, TEXTS)
+    eng = engine(env, online=True, optimizer="sgd", lr=50.0, guard_warmup=1, guard_ema=1.0)
+    try:
+        for _ in range(4):
+            eng.predict(ids, am)
+        assert eng.stats["resets"] >= 1 and eng.reset_reasons
+        unguarded = engine(env, online=True, optimizer="sgd", lr=50.0, guard=False)
+        assert unguarded.guard is None
+    finally:
+        eng.reset()
+    assert same(before, weights(model))
+
+
+# ----------------------------------------------------------------------------------------------- tent
+def test_tent_changes_only_layernorm_affine_and_restores(env):
+    model, tok = env
+    before = weights(model)
+    ids, am = batch(tok, TEXTS)
+    eng = TentEngine(model, TTTSettings(tent_lr=1e-2, tent_steps=3, sub_batch_tokens=40))
+    with torch.no_grad():
+        plain = model(ids, am)
+    ent0 = -(plain.softmax(-1) * plain.log_softmax(-1)).sum(-1).mean()
+    eng.adapt(ids, am)
+    changed = changed_names(model, before)
+    with torch.no_grad():
+        adapted = model(ids, am)
+    ent1 = -(adapted.softmax(-1) * adapted.log_softmax(-1)).sum(-1).mean()
+    eng.reset()
+    assert changed and all("LayerNorm" in n and n.startswith("mlm_model.bert.") for n in changed)
+    assert ent1 < ent0  # entropy minimisation did minimise entropy
+    out = eng.predict(ids, am)
+    assert torch.allclose(out, adapted, atol=1e-5)
+    assert same(before, weights(model))
+
+
+# ---------------------------------------------------------------------------------------- build/config
+def test_build_engine_from_config(env):
+    model, tok = env
+    cfg = TTTConfig(methods=["none", "masked_ttt", "tent"], mask_prob=0.2, steps=2, lr=1e-4, optimizer="sgd",
+                    params="bias", views=2, unit="sample", seed=7, tent_lr=1e-3, tent_steps=2)
+    assert build_engine("none", model, tok, cfg) is None
+    masked = build_engine("masked_ttt", model, tok, cfg)
+    assert isinstance(masked, MaskedTTT) and masked.s.views == 2 and masked.s.unit == "sample"
+    assert masked.mask_fn.mask_prob == 0.2 and masked.mask_fn.seed == 7 and masked.steps == 2
+    tent = build_engine("tent", model, tok, cfg)
+    assert isinstance(tent, TentEngine) and tent.steps == 2
+    assert tent.opt.param_groups[0]["lr"] == 1e-3
+    s = settings_from_config(cfg)
+    assert (s.lr, s.optimizer, s.params, s.tent_steps) == (1e-4, "sgd", "bias", 2)
+    with pytest.raises(ValueError):
+        build_engine("nope", model, tok, cfg)
+    with pytest.raises(ValueError):
+        TTTSettings(params="heads")

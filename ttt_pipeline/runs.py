@@ -1,0 +1,188 @@
+"""`ttt-pipeline report RUN_ID` and `ttt-pipeline compare RUN_A RUN_B`: a run's headline from MLflow.
+
+Both read the pipeline (parent) run through `MlflowClient`; a stage's child run id is accepted and resolved to
+its pipeline run. The tracking URI defaults to the demo preset's (`sqlite:///mlflow.db` in the current
+folder), or $TTT_TRACKING_URI, or --tracking-uri.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .errors import PipelineError
+from .report import ROWS, fmt
+
+SHOWN_PARAMS = ("model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
+                "corruption.severities", "ttt.methods", "ttt.mask_prob", "ttt.steps", "ttt.lr")
+REGISTRY_TAGS = ("registry.model_name", "registry.version", "registry.decision", "registry.reason",
+                 "registry.champion_before", "registry.champion_after")
+
+
+def default_tracking_uri() -> str:
+    env = os.environ.get("TTT_TRACKING_URI")
+    if env:
+        return env
+    from .config import load_config
+
+    return load_config("demo").tracking.tracking_uri
+
+
+def open_client(uri: str):
+    """An MlflowClient on a backend that exists and answers; PipelineError with the fix otherwise."""
+    from mlflow.tracking import MlflowClient
+
+    from .tracking import resolve_uri
+
+    uri = resolve_uri(uri)
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.is_file():
+            raise PipelineError(f"no MLflow database at {path}",
+                                "run `ttt-pipeline run` in this folder first, or pass --tracking-uri")
+    elif uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5) as r:
+                r.read()
+        except (urllib.error.URLError, OSError) as exc:
+            raise PipelineError(f"MLflow tracking at {uri} is unreachable ({getattr(exc, 'reason', exc)})",
+                                "start the server (make serve) or pass --tracking-uri sqlite:///mlflow.db") from None
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def get_pipeline_run(client, run_id: str, uri: str):
+    """The pipeline (parent) run for a run id (a stage's child run resolves to its parent)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        code = getattr(exc, "error_code", "") or ""
+        if "RESOURCE_DOES_NOT_EXIST" in code or "NOT_FOUND" in code or "INVALID_PARAMETER" in code:
+            raise PipelineError(f"no MLflow run {run_id!r} at {uri}",
+                                "copy the id from `ttt-pipeline run` output (\"MLflow run ...\") or the MLflow UI, "
+                                "and check --tracking-uri") from None
+        raise PipelineError(f"MLflow tracking at {uri} failed: {exc.message.splitlines()[0]}",
+                            "check that the tracking server is up and --tracking-uri is right") from None
+    except Exception as exc:  # network failures surface as requests/urllib errors
+        raise PipelineError(f"MLflow tracking at {uri} is unreachable ({type(exc).__name__})",
+                            "start the server (make serve) or pass --tracking-uri") from None
+    parent = run.data.tags.get("mlflow.parentRunId")
+    return get_pipeline_run(client, parent, uri) if parent else run
+
+
+def run_summary(run, client=None) -> dict[str, Any]:
+    m, p, t = run.data.metrics, run.data.params, run.data.tags
+    out = {"run_id": run.info.run_id, "run_name": run.info.run_name, "status": run.info.status,
+           "experiment_id": run.info.experiment_id, "start_time": run.info.start_time,
+           "metrics": {k: m[k] for k, _ in ROWS if k in m},
+           "params": {k: p[k] for k in SHOWN_PARAMS if k in p},
+           "registry": {k.split(".", 1)[1]: t[k] for k in REGISTRY_TAGS if k in t}}
+    for k in ("cached_tasks", "wall_s"):
+        if k in m:
+            out[k] = m[k]
+    if client is not None and "registry.model_name" in t:
+        from .registry import champion_run_id
+
+        try:
+            out["registry"]["is_champion"] = champion_run_id(client, t["registry.model_name"]) == run.info.run_id
+        except Exception:  # a registry that cannot be read does not hide the run's metrics
+            pass
+    return out
+
+
+def format_report(s: dict) -> str:
+    lines = [f"run {s['run_id']} ({s['run_name']}, {s['status']})"]
+    width = max(len(label) for _, label in ROWS)
+    for key, label in ROWS:
+        if key in s["metrics"]:
+            lines.append(f"  {label:<{width}}  {fmt(s['metrics'][key])}")
+    if not s["metrics"]:
+        lines.append("  (no headline metrics: the run failed or is still running)")
+    for k, v in s["params"].items():
+        lines.append(f"  {k:<{width}}  {v}")
+    reg = s["registry"]
+    if reg:
+        champ = " (champion)" if reg.get("is_champion") else ""
+        lines.append(f"  {'registered model':<{width}}  {reg.get('model_name')} v{reg.get('version') or '-'} "
+                     f"{reg.get('decision', '')}{champ}: {reg.get('reason', '')}")
+    return "\n".join(lines)
+
+
+def compare_summaries(a: dict, b: dict) -> dict[str, Any]:
+    metrics = {}
+    for key, _ in ROWS:
+        va, vb = a["metrics"].get(key), b["metrics"].get(key)
+        if va is None and vb is None:
+            continue
+        metrics[key] = {"a": va, "b": vb, "diff": (vb - va) if va is not None and vb is not None else None}
+    params = {k: {"a": a["params"].get(k), "b": b["params"].get(k)}
+              for k in dict.fromkeys([*a["params"], *b["params"]]) if a["params"].get(k) != b["params"].get(k)}
+    return {"a": a, "b": b, "metrics": metrics, "params_differing": params}
+
+
+def format_compare(c: dict) -> str:
+    a, b = c["a"], c["b"]
+    labels = dict(ROWS)
+    width = max(len(label) for _, label in ROWS)
+    col = 12
+
+    def tag(s: dict) -> str:
+        return s["run_id"][:col - 1] + ("*" if s["registry"].get("is_champion") else "")
+
+    lines = [f"A: {a['run_id']} ({a['run_name']})", f"B: {b['run_id']} ({b['run_name']})", "",
+             f"{'':<{width}}  {'A':>{col}}  {'B':>{col}}  {'B - A':>{col}}"]
+    for key, v in c["metrics"].items():
+        diff = "-" if v["diff"] is None else f"{v['diff']:+.3f}"
+        lines.append(f"{labels[key]:<{width}}  {fmt(v['a']):>{col}}  {fmt(v['b']):>{col}}  {diff:>{col}}")
+    if c["params_differing"]:
+        lines += ["", "settings that differ:"]
+        for k, v in c["params_differing"].items():
+            lines.append(f"  {k:<{width - 2}}  A={v['a']}  B={v['b']}")
+    champs = [n for n, s in (("A", a), ("B", b)) if s["registry"].get("is_champion")]
+    if champs:
+        lines += ["", f"registry: {' and '.join(champs)} holds the `champion` alias of "
+                      f"{(a if champs[0] == 'A' else b)['registry'].get('model_name')}"]
+    elif a["registry"] or b["registry"]:
+        lines += ["", "registry: neither run holds the `champion` alias"]
+    return "\n".join(lines)
+
+
+def cmd_report(args) -> int:
+    client, uri = open_client(args.tracking_uri or default_tracking_uri())
+    s = run_summary(get_pipeline_run(client, args.run_id, uri), client)
+    print(json.dumps(s, default=str) if args.json else format_report(s))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    client, uri = open_client(args.tracking_uri or default_tracking_uri())
+    a = run_summary(get_pipeline_run(client, args.run_a, uri), client)
+    b = run_summary(get_pipeline_run(client, args.run_b, uri), client)
+    c = compare_summaries(a, b)
+    print(json.dumps(c, default=str) if args.json else format_compare(c))
+    sys.stdout.flush()
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: $TTT_TRACKING_URI, else the demo preset's sqlite:///mlflow.db)")
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    common.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    r = subparsers.add_parser("report", parents=[common], help="print the headline table of a pipeline run")
+    r.add_argument("run_id", metavar="RUN_ID", help="MLflow run id of the pipeline run (or of one of its stages)")
+    r.set_defaults(fn=cmd_report)
+
+    c = subparsers.add_parser("compare", parents=[common], help="two pipeline runs side by side, with differences")
+    c.add_argument("run_a", metavar="RUN_A")
+    c.add_argument("run_b", metavar="RUN_B")
+    c.set_defaults(fn=cmd_compare)
