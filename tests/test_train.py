@@ -1,0 +1,74 @@
+"""Fine-tuning: weighted length-grouped batches keep class balance and cut padding; training learns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ttt_pipeline.config import FinetuneConfig, ModelConfig
+from ttt_pipeline.train import WeightedLengthGroupedBatches, class_weights, mlm_mask
+
+
+def test_class_weights_are_inverse_frequency():
+    w = class_weights([0] * 30 + [1] * 10, 2)
+    assert w.tolist() == pytest.approx([40 / 60, 40 / 20])
+
+
+def test_weighted_batches_balance_classes_and_group_lengths():
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 900 + [1] * 100)
+    lengths = rng.integers(10, 128, size=1000).tolist()
+    w = class_weights(labels.tolist(), 2)[torch.tensor(labels)]
+    grouped = WeightedLengthGroupedBatches(w, lengths, 32, seed=1, grouped=True, group=10)
+    plain = WeightedLengthGroupedBatches(w, lengths, 32, seed=1, grouped=False)
+    idx = [i for b in grouped for i in b]
+    assert len(idx) == 1000
+    assert 0.4 < labels[idx].mean() < 0.6  # the minority class is drawn as often as the majority
+    lens = np.asarray(lengths)
+
+    def padded(batches):
+        return sum(len(b) * lens[b].max() for b in batches)
+
+    assert padded(list(grouped)) < 0.75 * padded(list(plain))  # far less padding
+    grouped.set_epoch(3)
+    again = WeightedLengthGroupedBatches(w, lengths, 32, seed=1, grouped=True, group=10)
+    again.set_epoch(3)
+    assert list(grouped) == list(again)  # a resumed run draws the same batches
+
+
+def test_mlm_mask_skips_special_and_padding_and_masks_every_row():
+    ids = torch.tensor([[101, 5, 6, 7, 102, 0, 0], [101, 8, 102, 0, 0, 0, 0]])
+    am = (ids != 0).long()
+    gen = torch.Generator().manual_seed(0)
+    m = mlm_mask(ids, am, [0, 101, 102], 0.01, gen)
+    assert m.any(1).all()
+    assert not m[ids == 0].any() and not m[ids == 101].any() and not m[ids == 102].any()
+
+
+@pytest.mark.parametrize("alignment,passes", [("joint", 2), ("joint", 1), ("frozen", 2), ("dapt", 2)])
+def test_training_learns_a_separable_task(alignment, passes, tiny_bert_dir, tmp_path):
+    from datasets import Dataset
+
+    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.train import evaluate_split, finetune
+
+    torch.manual_seed(0)
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[16]), ["neg", "pos"])
+    pos = ["great excellent love it", "excellent great quality", "love it great value", "wonderful great buy"]
+    neg = ["terrible broken awful", "awful refund broken", "broken terrible waste", "awful waste of money"]
+    texts = (pos + neg) * 6
+    labels = ([1] * 4 + [0] * 4) * 6
+    enc = tok(texts, truncation=True, max_length=16)
+    ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": labels,
+                            "length": [len(x) for x in enc["input_ids"]]})
+    cfg = FinetuneConfig(epochs=10, batch_size=8, lr=2e-3, alignment=alignment, joint_passes=passes,
+                         dapt_epochs=1, early_stopping_patience=0, seed=0)
+    result = finetune(model, tok, ds, ds, cfg, tmp_path / "work")
+    assert len(result.history) == 10
+    assert result.history[-1]["val_acc"] == 1.0
+    assert evaluate_split(model, tok, ds, 16, "cpu")["acc"] == 1.0
+    if alignment != "frozen":
+        assert result.history[-1]["train_mlm_loss"] < np.log(tok.vocab_size)
+    if alignment == "dapt":
+        assert len(result.dapt_curve) > 0
