@@ -7,7 +7,7 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast test-integration test-browser bench lint audit serve stop clean help
+.PHONY: setup run test test-all test-fast test-integration test-browser bench lint audit serve stop clean help
 
 help:
 	@echo "make setup | run | test | test-fast | test-integration | test-browser | bench | serve | stop | audit | clean"
@@ -26,9 +26,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/ttt-pipeline run --config $(CONFIG)
 
-# The whole suite, as CI runs it: unit, end-to-end, integration (real servers) and browser tests.
+# Unit and end-to-end tests (offline, < 15 min on 2 cores). CI also runs test-integration and test-browser.
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not integration and not browser" $(PYTEST_ARGS)
+
+test-all: test test-integration test-browser
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)
@@ -44,8 +46,27 @@ bench: setup
 	$(BIN)/python bench/ttt_engine.py --json
 	$(BIN)/python bench/accuracy.py --json
 
+# Known vulnerabilities of the installed packages (pip-audit: PyPI JSON API + PyPA advisories). Prints the
+# findings and a verdict line; an unreachable advisory service says INCOMPLETE and never fails the build.
+# Triage: docs/security.md (accepted findings go into AUDIT_FLAGS as --ignore-vuln ID). AUDIT_STRICT=1 fails
+# the target on findings.
+AUDIT_FLAGS ?=
+AUDIT_STRICT ?= 0
 audit: setup
-	$(BIN)/python -m pip_audit --skip-editable --progress-spinner off || true
+	@log=$$(mktemp); rc=0; \
+	timeout 900 $(BIN)/python -m pip_audit --skip-editable --progress-spinner off --desc on $(AUDIT_FLAGS) \
+		>$$log 2>&1 || rc=$$?; \
+	grep -vE '^(Traceback|  File |    )' $$log | tail -n 300; \
+	skipped=$$(grep -c 'could not be audited' $$log || true); \
+	if grep -qE 'Found [0-9]+ known vulnerabilit' $$log; then \
+		echo "audit: FINDINGS above; triage them in docs/security.md"; \
+	elif [ $$rc -ne 0 ]; then \
+		echo "audit: INCOMPLETE: pip-audit exited $$rc (advisory service unreachable?); nothing was checked"; rc=0; \
+	elif [ "$$skipped" -gt 0 ]; then \
+		echo "audit: INCOMPLETE: $$skipped packages could not be audited (no PyPI JSON API on this network)"; \
+	else echo "audit: no known vulnerabilities"; fi; \
+	rm -f $$log; \
+	if [ "$(AUDIT_STRICT)" = 1 ]; then exit $$rc; fi
 
 serve: setup
 	@bash scripts/serve.sh start

@@ -64,16 +64,20 @@ def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_i
     cfg = config
     store = open_store(cfg.store)
     data, tokens = localise(store, data), localise(store, tokens)
-    nproc = nproc_per_node()
+    nproc, launched = nproc_per_node(), False
     if nproc > 1 and steps.stored("finetune", steps.finetune_inputs(cfg, StepOutput(**tokens),
                                                                     StepOutput(**data)), store) is None:
         get_run_logger().info("data-parallel fine-tuning on %d processes (torchrun)", nproc)
         from ttt_pipeline.distributed import launch_finetune
 
         launch_finetune(cfg, data, tokens, nproc)  # writes the step output into the store
-    model, cached = _run(finetune_task, cfg, data, tokens)
+        launched = True
+    model, cached = _run(finetune_task, cfg, data, tokens)  # served from the store after a torchrun
+    cached = cached and not launched
+    model["cached"] = cached
     if parent_run_id:
         log_stage_task(cfg, "fine-tune", [model], parent_run_id, cached)
+    publish_output(model)
     return model
 
 
@@ -84,8 +88,22 @@ def evaluate_flow(config: PipelineConfig, data: dict, model: dict, corrupted: di
     cfg = config
     store = open_store(cfg.store)
     data, model, corrupted = (localise(store, d) for d in (data, model, corrupted))
-    out, _ = _run(evaluate_task, cfg, data, model, corrupted, families)
+    out, cached = _run(evaluate_task, cfg, data, model, corrupted, families)
+    out["cached"] = cached
+    publish_output(out)
     return out
+
+
+OUTPUT_ARTIFACT = "ttt step output"
+
+
+def publish_output(out: dict) -> None:
+    """The output's step, key and digest as a table artifact of this flow run: the orchestrator reads it from
+    the Prefect API (no result storage has to be shared between machines) and the UI shows it."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact([{k: out[k] for k in ("step", "key", "digest", "path", "cached")}],
+                          description=OUTPUT_ARTIFACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -153,38 +171,54 @@ def _check(runs: list, what: str) -> None:
                             "open these flow runs in the Prefect UI for their logs")
 
 
-def _expected(store: StepStore, step: str, inputs: dict) -> dict | None:
-    out = peek(store, step, StepStore.key(step, inputs, steps._v(step)))
-    return None if out is None else out.to_dict()
+def _published(flow_run_id) -> dict:
+    """The StepOutput reference a heavy run published (see publish_output)."""
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    for a in arts:
+        if a.description == OUTPUT_ARTIFACT:
+            rows = json.loads(a.data) if isinstance(a.data, str) else a.data
+            return rows[0]
+    raise PipelineError(f"flow run {flow_run_id} completed without publishing its step output",
+                        "are the gpu workers running the same version of the package?")
+
+
+def _collect(store: StepStore, flow_run_id, what: str) -> dict:
+    """The output a run made, from the shared store, by the key it reported (never recomputed here: a GPU
+    worker on another package version may key differently)."""
+    ref = _published(flow_run_id)
+    out = peek(store, ref["step"], ref["key"])
+    if out is None or out.digest != ref["digest"]:
+        raise PipelineError(f"{what}: output {ref['step']}/{ref['key']} (made at {ref['path']}) is not in the "
+                            f"store {getattr(store, 'url', store.root)}",
+                            "every worker must share `store` (a common mount or an fsspec URL)")
+    out.cached = bool(ref.get("cached"))
+    return out.to_dict()
 
 
 def run_heavy_stages(cfg: PipelineConfig, data: dict, tokens: dict, corrupted: dict,
                      parent_run_id: str) -> tuple[dict, list[dict], bool, bool]:
     """Fine-tune, then the evaluation fan-out, as deployment runs on the gpu pool.
 
-    Returns (model output, evaluation outputs, fine-tune cached, evaluation cached). Outputs are read back
-    from the store by their content keys (the same keys the GPU side computed), so no result storage has to
-    be shared between machines.
+    Returns (model output, evaluation outputs, fine-tune cached, evaluation cached).
     """
     logger = get_run_logger()
     ex = cfg.execution
     cfg = portable(cfg)
     store = open_store(cfg.store)
-    params = cfg.model_dump(mode="json")
-    ft_inputs = steps.finetune_inputs(cfg, StepOutput(**tokens), StepOutput(**data))
-    ft_cached = _expected(store, "finetune", ft_inputs) is not None
-    run = _submit(ex.finetune_deployment, {"config": params, "data": data, "tokens": tokens,
+    run = _submit(ex.finetune_deployment, {"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens,
                                            "parent_run_id": parent_run_id}, "fine-tune")
     logger.info("fine-tune submitted to %s as flow run %s", ex.finetune_deployment, run.id)
     _check(_wait([run.id], ex.timeout_s), "fine-tuning")
-    model = _expected(store, "finetune", ft_inputs)
-    if model is None:
-        raise PipelineError("the fine-tune run completed but its output is not in the store",
-                            "every worker must share `store` (a common mount or an fsspec URL)")
-    model["cached"] = ft_cached
-
+    model = _collect(store, run.id, "fine-tuning")
     outs, ev_cached = evaluate_on_gpu(cfg, data, model, corrupted, evaluation_shares(cfg))
-    return model, outs, ft_cached, ev_cached
+    return model, outs, model["cached"], ev_cached
 
 
 def evaluate_on_gpu(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict,
@@ -194,20 +228,11 @@ def evaluate_on_gpu(cfg: PipelineConfig, data: dict, model: dict, corrupted: dic
     cfg = portable(cfg)
     store = open_store(cfg.store)
     params = cfg.model_dump(mode="json")
-    ev_inputs = [steps.evaluate_inputs(cfg, StepOutput(**data), StepOutput(**model), StepOutput(**corrupted), fams)
-                 for fams in shares]
-    cached = all(_expected(store, "evaluate", i) is not None for i in ev_inputs)
     runs = [_submit(cfg.execution.evaluate_deployment,
                     {"config": params, "data": data, "model": model, "corrupted": corrupted, "families": fams},
                     f"evaluate-{'-'.join(fams)}") for fams in shares]
     logger.info("evaluation fanned out over %d runs: %s", len(runs), [" ".join(f) for f in shares])
     _check(_wait([r.id for r in runs], cfg.execution.timeout_s), "evaluation")
-    outs = []
-    for fams, inputs in zip(shares, ev_inputs):
-        out = _expected(store, "evaluate", inputs)
-        if out is None:
-            raise PipelineError(f"evaluation of {fams} completed but its output is not in the store",
-                                "every worker must share `store` (a common mount or an fsspec URL)")
-        out["cached"] = cached
-        outs.append(localise(store, out))  # the orchestrator reads results.json to log the evaluate stage
-    return outs, cached
+    # the orchestrator reads each results.json to log the evaluate stage: pulled when the store is a URL
+    outs = [localise(store, _collect(store, r.id, "evaluation")) for r in runs]
+    return outs, all(o["cached"] for o in outs)

@@ -122,7 +122,7 @@ stop() {
       local sig
       for sig in INT INT TERM; do
         kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid" 2>/dev/null || true
-        for _ in $(seq 1 16); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        for _ in $(seq 1 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
         kill -0 "$pid" 2>/dev/null || break
       done
       kill -0 "$pid" 2>/dev/null && log "$s (pid $pid) ignored SIGINT and SIGTERM; killing its process group"

@@ -7,6 +7,7 @@ damaged store entry gives no key, so the task runs (and rebuilds) instead of ser
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +37,12 @@ def step_cache(step: str, inputs_of: Callable[[dict[str, Any]], dict]):
     def key_fn(context, parameters: dict[str, Any]) -> str | None:
         cfg = parameters["cfg"]
         hit = steps.stored(step, inputs_of(parameters), _store(cfg))
-        return None if hit is None else f"{step}-{hit.key}-{hit.digest[:16]}"
+        if hit is None:
+            return None
+        # the entry's own path is part of the key: Prefect's result storage (~/.prefect/storage) is shared by
+        # every store on this machine, and a record made for another store would hand back *its* path
+        where = hashlib.sha256(str(Path(hit.path).resolve()).encode()).hexdigest()[:12]
+        return f"{step}-{hit.key}-{hit.digest[:16]}-{where}"
 
     return key_fn
 

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", default="demo", help="YAML file or preset name (default: demo)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. finetune.epochs=2")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
-    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    # SUPPRESS: without it the subcommand's default (False) overwrites a `ttt-pipeline --debug run`
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("config", help="print the resolved configuration (or its JSON schema)")

@@ -206,7 +206,9 @@ class PipelineConfig(Section):
         return self
 
     def flat(self) -> dict[str, str]:
-        """Dotted key -> value strings, for MLflow params."""
+        """Dotted key -> value strings, for MLflow params; credentials in URIs are masked (user:***@)."""
+        from .tracking import redact
+
         out: dict[str, str] = {}
 
         def walk(prefix: str, obj: Any) -> None:
@@ -214,7 +216,7 @@ class PipelineConfig(Section):
                 for k, v in obj.items():
                     walk(f"{prefix}.{k}" if prefix else k, v)
             else:
-                out[prefix] = json.dumps(obj) if isinstance(obj, (list, dict)) else str(obj)
+                out[prefix] = redact(json.dumps(obj) if isinstance(obj, (list, dict)) else str(obj))
 
         walk("", self.model_dump(mode="json"))
         return out

@@ -193,10 +193,10 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu"):
 
     model_dir = Path(model_dir)
     meta = ModelMeta(**json.loads((model_dir / "meta.json").read_text()))
-    mlm_model = AutoModelForMaskedLM.from_pretrained(model_dir / "encoder")
+    mlm_model = AutoModelForMaskedLM.from_pretrained(model_dir / "encoder", trust_remote_code=False)
     model = ReviewClassifier(mlm_model, meta)
     model.head.load_state_dict(load_file(str(model_dir / "head.safetensors")))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", trust_remote_code=False)
     return model.to(device).eval(), tokenizer
 
 

@@ -9,7 +9,6 @@ step outputs: `history.json` of the fine-tune step ({"epochs": [...], "mlm_warmu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -255,7 +254,3 @@ def png_size(path: str | Path) -> tuple[int, int]:
     if head[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(f"{path} is not a PNG file")
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-
-
-def names(paths: Iterable[Path]) -> list[str]:
-    return sorted(Path(p).name for p in paths)

@@ -143,8 +143,9 @@ def find_model_run(client, parent_run_id: str):
 
 
 def log_decision(client, parent_run_id: str, result: RegistryResult) -> None:
-    from mlflow.entities import Metric, RunTag
     import time
+
+    from mlflow.entities import Metric, RunTag
 
     tags = {"registry.model_name": result.model_name, "registry.metric": result.metric,
             "registry.decision": result.decision, "registry.reason": result.reason,

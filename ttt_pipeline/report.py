@@ -28,6 +28,9 @@ def run_link(summary: dict, tracker=None) -> str:
 
 def headline_markdown(summary: dict, tracker=None) -> str:
     rows = "\n".join(f"| {label} | {fmt(summary[key])} |" for key, label in ROWS if key in summary)
+    reg = summary.get("registry") or {}
+    registry = (f"Model registry: version {reg.get('version')} {reg.get('decision', '')} "
+                f"({reg.get('reason', '')})\n\n" if reg else "")
     return (f"# TTT pipeline run\n\n| metric | value |\n|---|---|\n{rows}\n\n"
             f"Cached tasks: {summary.get('cached_tasks', 0)}/5 · wall time {summary.get('wall_s', 0):.1f} s\n\n"
-            f"MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n")
+            f"{registry}MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n")

@@ -147,8 +147,9 @@ def format_compare(c: dict) -> str:
             lines.append(f"  {k:<{width - 2}}  A={v['a']}  B={v['b']}")
     champs = [n for n, s in (("A", a), ("B", b)) if s["registry"].get("is_champion")]
     if champs:
+        holder = a if champs[0] == "A" else b
         lines += ["", f"registry: {' and '.join(champs)} holds the `champion` alias of "
-                      f"{(a if champs[0] == 'A' else b)['registry'].get('model_name')}"]
+                      + str(holder["registry"].get("model_name"))]
     elif a["registry"] or b["registry"]:
         lines += ["", "registry: neither run holds the `champion` alias"]
     return "\n".join(lines)

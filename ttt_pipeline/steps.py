@@ -76,9 +76,11 @@ def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -
 
 def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: StepStore,
              progress: Progress | None = None) -> StepOutput:
+    import torch
     from datasets import load_from_disk
 
     from .model import build_classifier, save_model
+    from .oom import run_with_oom_fallback
     from .train import finetune as train
 
     inputs = finetune_inputs(cfg, tokens, data)
@@ -88,9 +90,17 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
         label_names = json.loads((Path(data.path) / "labels.json").read_text())
         names = [label_names[str(i)] for i in range(len(label_names))]
         ds = load_from_disk(str(Path(tokens.path) / "dataset"))
-        model, tokenizer = build_classifier(cfg.model, names)
-        result = train(model, tokenizer, ds["train"], ds["validation"] if "validation" in ds else None,
-                       cfg.finetune, work, progress)
+
+        def attempt(batch_size: int):
+            ft, wd = cfg.finetune, work
+            if batch_size != cfg.finetune.batch_size:  # after a CUDA OOM: a fresh model and its own checkpoints
+                ft, wd = cfg.finetune.model_copy(update={"batch_size": batch_size}), work / f"oom-batch-{batch_size}"
+            torch.manual_seed(cfg.finetune.seed)  # the head's init must not depend on what ran before in this process
+            model, tokenizer = build_classifier(cfg.model, names)
+            return model, tokenizer, train(model, tokenizer, ds["train"], ds["validation"] if "validation" in ds
+                                           else None, ft, wd, progress)
+
+        (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
         save_model(model.cpu(), tokenizer, tmp / "model")
         history = {"epochs": result.history, "mlm_warmup": result.warmup_curve, "dapt": result.dapt_curve}
         (tmp / "history.json").write_text(json.dumps(history))
@@ -101,7 +111,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 "mlm_warmup_steps": len(result.warmup_curve),
                 "mlm_warmup_final_loss": (sum(result.warmup_curve[-10:]) / len(result.warmup_curve[-10:])
                                           if result.warmup_curve else None),
-                "final": result.history[-1] if result.history else {}}
+                "final": result.history[-1] if result.history else {}, **oom}
 
     out = store.run("finetune", inputs, build, _v("finetune"))
     if not out.cached:

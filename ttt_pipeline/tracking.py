@@ -6,8 +6,10 @@ are retried with backoff on transient errors; a tracking server that is down at 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -33,6 +35,32 @@ def retry(fn: Callable[[], T], what: str, attempts: int = 4, base_delay: float =
     raise AssertionError("unreachable")
 
 
+_USERINFO = re.compile(r"(://[^/@\s:]+):[^/@\s]+@")
+_SECRET_QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|access_token|secret|api_key|key|sig)=)[^&#\s]+",
+                           re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`scheme://user:PASSWORD@host` and `?token=...` with the secret masked: for params, tags and messages."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
+
+
+@contextlib.contextmanager
+def _fast_http(timeout_s: str = "5", retries: str = "0"):
+    """MLflow's own HTTP retries (7, with backoff) take minutes on a dead server; the start check needs seconds.
+    Values the user set explicitly are kept."""
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": retries, "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout_s}
+    saved = {k: os.environ.get(k) for k in keys}
+    for k, v in keys.items():
+        os.environ.setdefault(k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
 def resolve_uri(uri: str) -> str:
     """sqlite paths become absolute so every process (worker, UI) opens the same database."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -45,7 +73,19 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(os.environ.get("TTT_TRACKING_URI") or tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter on a new sqlite store
+            logging.getLogger(name).setLevel(logging.WARNING)
+        if self.uri.startswith("sqlite:///") and ":memory:" not in self.uri:
+            from filelock import FileLock
+
+            # The client migrates a new database as it opens it; two runs starting at once would both
+            # migrate it ("duplicate column name"). One at a time: the second finds it up to date.
+            db = Path(self.uri[len("sqlite:///"):])
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{db}-init.lock"):
+                self.client = MlflowClient(tracking_uri=self.uri)
+        else:
+            self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment_name = experiment
         self.artifact_root = artifact_root
         self._experiment_id: str | None = None
@@ -56,13 +96,21 @@ class Tracker:
 
     def check(self) -> None:
         """Fail fast, with the URI and the fix, when the tracking backend cannot be reached."""
-        try:
-            self.experiment_id  # noqa: B018 - resolves (and creates) the experiment
-        except Exception as exc:
-            raise PipelineError(
-                f"MLflow tracking at {self.uri} is unreachable ({type(exc).__name__})",
-                "start the server (make serve) or set tracking.tracking_uri=sqlite:///mlflow.db",
-            ) from None
+        failure = "unknown error"
+        with _fast_http():
+            for attempt in range(2):  # one quiet second try: a blip must not stop a run, a dead server fails fast
+                try:
+                    self.experiment_id  # noqa: B018 - resolves (and creates) the experiment
+                    return
+                except Exception as exc:  # MLflow raises many types for an unreachable store
+                    failure = type(exc).__name__
+                    log.debug("MLflow check %d failed: %r", attempt + 1, exc)
+                    if attempt == 0:
+                        time.sleep(0.5)
+        raise PipelineError(
+            f"MLflow tracking at {redact(self.uri)} is unreachable ({failure})",
+            "start the server (make serve) or set tracking.tracking_uri=sqlite:///mlflow.db",
+        )
 
     @property
     def experiment_id(self) -> str:
@@ -93,7 +141,7 @@ class Tracker:
     def params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items() if v is not None]
+        items = [Param(k, redact(str(v))[:MAX_PARAM_LEN]) for k, v in params.items() if v is not None]
         for i in range(0, len(items), 90):
             chunk = items[i:i + 90]
             retry(lambda c=chunk: self.client.log_batch(run_id, params=c), "log params")
@@ -104,6 +152,9 @@ class Tracker:
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and v == v]
+        skipped = sorted(k for k, v in metrics.items() if v is not None and not (isinstance(v, (int, float)) and v == v))
+        if skipped:  # NaN or non-numbers cannot be compared across runs: say so, never drop them silently
+            log.warning("MLflow: metrics %s of run %s are NaN or not numbers; not logged", skipped, run_id)
         for i in range(0, len(items), 900):
             chunk = items[i:i + 900]
             retry(lambda c=chunk: self.client.log_batch(run_id, metrics=c), "log metrics")
@@ -120,7 +171,8 @@ class Tracker:
     def tags(self, run_id: str, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        retry(lambda: self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()]), "tags")
+        retry(lambda: self.client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()]),
+              "tags")
 
     def artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         p = Path(path)
@@ -147,5 +199,5 @@ class Tracker:
 
     def ui_command(self) -> str:
         if self.uri.startswith(("http://", "https://")):
-            return f"open {self.uri}"
+            return f"open {redact(self.uri)}"
         return f"mlflow ui --backend-store-uri {self.uri} --host 127.0.0.1 --port 5000"

@@ -24,6 +24,7 @@ from torch.utils.data import Sampler
 
 from .metrics import summarize
 from .model import ReviewClassifier, autocast_dtype, pick_device, special_token_ids
+from .storage import atomic_write_text
 from .ttt import eligible_positions
 
 log = logging.getLogger(__name__)
@@ -247,8 +248,12 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 
 def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir: Path,
-             progress: Progress | None = None, unlabeled_ds=None) -> TrainResult:
-    """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes)."""
+             progress: Progress | None = None, unlabeled_ds=None, parallel=None) -> TrainResult:
+    """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes).
+
+    `parallel` (optional, ttt_pipeline.distributed.DataParallel) makes the classification epochs data-parallel:
+    `parallel.shard(sampler, model)` gives this rank its share of the batches (and starts every rank from rank
+    0's weights), `parallel.sync_gradients(model)` averages the gradients after each backward."""
     set_threads()
     device = pick_device(cfg.device)
     model.to(device)
@@ -284,6 +289,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     sampler = WeightedLengthGroupedBatches(
         weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
         cfg.seed, grouped=cfg.length_grouping)
+    if parallel is not None:
+        sampler = parallel.shard(sampler, model)
     steps_total = cfg.epochs * len(sampler)
     warm = int(cfg.warmup_ratio * steps_total)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -300,10 +307,15 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
         opt.load_state_dict(resume["optimizer"])
         sched.load_state_dict(resume["scheduler"])
         torch.set_rng_state(resume["torch_rng"])
+        cuda_rng = resume.get("cuda_rng") or []
+        if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_rng)  # dropout on the GPU draws from these
         gen.set_state(resume["mask_rng"])
         start_epoch, best_f1, bad_epochs = int(resume["epoch"]), float(resume["best_f1"]), int(resume["bad_epochs"])
         meta = json.loads((work_dir / "state.json").read_text())
-        result.history, result.warmup_curve, result.dapt_curve = meta["history"], meta["warmup"], meta["dapt"]
+        # state.json is written just before last.pt: a kill between the two leaves it one epoch ahead
+        result.history = meta["history"][:start_epoch]
+        result.warmup_curve, result.dapt_curve = meta["warmup"], meta["dapt"]
         result.best_epoch = meta["best_epoch"]
         model.meta.mlm_head_trained = meta["mlm_head_trained"]
         result.resumed_from_epoch = start_epoch
@@ -337,6 +349,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
                     loss = loss + cfg.mlm_weight * m_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if parallel is not None:
+                parallel.sync_gradients(model)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             opt.step()
             sched.step()
@@ -365,13 +379,14 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
             bad_epochs += 1
         result.history.append(row)
         log.info("epoch %d: %s", epoch + 1, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-        (work_dir / "state.json").write_text(json.dumps({
+        atomic_write_text(work_dir / "state.json", json.dumps({  # atomic: a kill never leaves half a file
             "history": result.history, "warmup": result.warmup_curve, "dapt": result.dapt_curve,
             "best_epoch": result.best_epoch, "mlm_head_trained": model.meta.mlm_head_trained}))
         stop = cfg.early_stopping_patience > 0 and bad_epochs >= cfg.early_stopping_patience
         _save_checkpoint(ckpt_path, {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
             "torch_rng": torch.get_rng_state(), "mask_rng": gen.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "epoch": cfg.epochs if stop else epoch + 1, "best_f1": best_f1, "bad_epochs": bad_epochs})
         if stop:
             result.stopped_early = True

@@ -32,20 +32,25 @@ def setup(tmp_path_factory, tiny_bert_dir):
     tracker.end(run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)
     client.create_registered_model(NAME)
-    mv = client.create_model_version(NAME, f"runs:/{run_id}/model", run_id=run_id)
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"  # as ttt_pipeline.registry registers it
+    mv = client.create_model_version(NAME, source, run_id=run_id)
     client.set_registered_model_alias(NAME, "champion", mv.version)
     return tmp, cfg, client, mv
 
 
-def _run(cfg, **kw):
+@pytest.fixture(scope="module")
+def harness():
     from prefect.testing.utilities import prefect_test_harness
 
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _run(cfg, **kw):
     from flows.reevaluate import nightly_reevaluation
 
-    with prefect_test_harness(server_startup_timeout=120):
-        state = nightly_reevaluation(config=cfg, return_state=True, **kw)
-        artifacts = _artifacts()
-    return state, artifacts
+    state = nightly_reevaluation(config=cfg, return_state=True, **kw)
+    return state, _artifacts()
 
 
 def _artifacts():
@@ -56,7 +61,7 @@ def _artifacts():
         return c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["nightly-reevaluation"])))
 
 
-def test_nightly_passes_then_fails_loudly_on_a_drop(setup):
+def test_nightly_passes_then_fails_loudly_on_a_drop(setup, harness):
     tmp, cfg, client, mv = setup
     state, arts = _run(cfg, threshold=0.05, reference_seed=7, night="2030-01-01")
     assert state.is_completed(), state.message

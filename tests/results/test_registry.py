@@ -9,12 +9,18 @@ from mlflow.tracking import MlflowClient
 from ttt_pipeline import registry
 from ttt_pipeline.tracking import Tracker
 
-NAME = "reviews"
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory):
+    """One store for the module (creating an MLflow sqlite schema takes seconds); one model name per test."""
+    tmp = tmp_path_factory.mktemp("registry")
+    return Tracker(f"sqlite:///{tmp}/mlflow.db", "registry", str(tmp / "mlruns"))
 
 
 @pytest.fixture()
-def tracker(tmp_path):
-    return Tracker(f"sqlite:///{tmp_path}/mlflow.db", "registry", str(tmp_path / "mlruns"))
+def NAME(request) -> str:  # noqa: N802 - reads like the constant it replaces
+    return "reviews-" + request.node.name.replace("[", "-").replace("]", "")
 
 
 def fake_pipeline_run(tracker: Tracker, tmp_path, acc_ttt: float | None, with_model: bool = True) -> str:
@@ -36,8 +42,8 @@ def fake_pipeline_run(tracker: Tracker, tmp_path, acc_ttt: float | None, with_mo
     return parent
 
 
-def champion(client) -> str:
-    return str(client.get_model_version_by_alias(NAME, registry.CHAMPION).version)
+def champion(client, name: str) -> str:
+    return str(client.get_model_version_by_alias(name, registry.CHAMPION).version)
 
 
 @pytest.mark.parametrize("cand,champ_v,champ_val,promote", [
@@ -47,18 +53,18 @@ def test_decide(cand, champ_v, champ_val, promote):
     assert registry.decide(cand, champ_v, champ_val)[0] is promote
 
 
-def test_champion_moves_only_to_a_strictly_better_run(tracker, tmp_path):
+def test_champion_moves_only_to_a_strictly_better_run(tracker, tmp_path, NAME):
     client = tracker.client
     r1 = fake_pipeline_run(tracker, tmp_path, 0.50)
     res1 = registry.register_run(client, r1, NAME, "acc_ttt")
     assert (res1.version, res1.decision, res1.champion_before) == ("1", "promoted", None)
-    assert champion(client) == "1"
+    assert champion(client, NAME) == "1"
 
     r2 = fake_pipeline_run(tracker, tmp_path, 0.40)  # worse: registered, not promoted
     res2 = registry.register_run(client, r2, NAME, "acc_ttt")
     assert (res2.version, res2.decision, res2.champion_before, res2.champion_after) == ("2", "kept", "1", "1")
     assert res2.champion_before_value == pytest.approx(0.50)  # read from v1's source run (its parent)
-    assert champion(client) == "1"
+    assert champion(client, NAME) == "1"
 
     r3 = fake_pipeline_run(tracker, tmp_path, 0.50)  # a tie keeps the champion
     assert registry.register_run(client, r3, NAME, "acc_ttt").decision == "kept"
@@ -66,7 +72,7 @@ def test_champion_moves_only_to_a_strictly_better_run(tracker, tmp_path):
     r4 = fake_pipeline_run(tracker, tmp_path, 0.625)
     res4 = registry.register_run(client, r4, NAME, "acc_ttt")
     assert (res4.version, res4.decision, res4.champion_before, res4.champion_after) == ("4", "promoted", "1", "4")
-    assert champion(client) == "4"
+    assert champion(client, NAME) == "4"
     assert registry.champion_run_id(client, NAME) == r4
 
     # the comparison is logged on the pipeline runs, promoted or not
@@ -90,7 +96,7 @@ def test_champion_moves_only_to_a_strictly_better_run(tracker, tmp_path):
     assert client.get_model_version(NAME, "2").tags["decision"] == "kept"
 
 
-def test_registered_source_holds_the_model_files(tracker, tmp_path):
+def test_registered_source_holds_the_model_files(tracker, tmp_path, NAME):
     import mlflow.artifacts
 
     r1 = fake_pipeline_run(tracker, tmp_path, 0.5)
@@ -102,7 +108,7 @@ def test_registered_source_holds_the_model_files(tracker, tmp_path):
     assert {p.name for p in Path(local).iterdir()} == {"encoder", "head.safetensors", "meta.json", "labels.json"}
 
 
-def test_retry_does_not_register_twice(tracker, tmp_path):
+def test_retry_does_not_register_twice(tracker, tmp_path, NAME):
     client = tracker.client
     r1 = fake_pipeline_run(tracker, tmp_path, 0.5)
     registry.register_run(client, r1, NAME, "acc_ttt")
@@ -111,7 +117,7 @@ def test_retry_does_not_register_twice(tracker, tmp_path):
     assert len(client.search_model_versions(f"name = '{NAME}'")) == 1
 
 
-def test_no_model_artifact_is_skipped_and_logged(tracker, tmp_path):
+def test_no_model_artifact_is_skipped_and_logged(tracker, tmp_path, NAME):
     r1 = fake_pipeline_run(tracker, tmp_path, 0.5, with_model=False)
     res = registry.register_run(tracker.client, r1, NAME, "acc_ttt")
     assert res.decision == "skipped" and res.version is None
@@ -119,17 +125,17 @@ def test_no_model_artifact_is_skipped_and_logged(tracker, tmp_path):
     assert registry.current_champion(tracker.client, NAME) is None
 
 
-def test_candidate_without_the_metric_is_registered_not_promoted(tracker, tmp_path):
+def test_candidate_without_the_metric_is_registered_not_promoted(tracker, tmp_path, NAME):
     client = tracker.client
     r1 = fake_pipeline_run(tracker, tmp_path, 0.5)
     registry.register_run(client, r1, NAME, "acc_ttt")
     r2 = fake_pipeline_run(tracker, tmp_path, None)  # e.g. ttt.methods without masked_ttt
     res = registry.register_run(client, r2, NAME, "acc_ttt")
     assert (res.version, res.decision) == ("2", "kept")
-    assert champion(client) == "1"
+    assert champion(client, NAME) == "1"
 
 
-def test_candidate_value_from_the_flow_wins_over_the_run(tracker, tmp_path):
+def test_candidate_value_from_the_flow_wins_over_the_run(tracker, tmp_path, NAME):
     r1 = fake_pipeline_run(tracker, tmp_path, None)
     res = registry.register_run(tracker.client, r1, NAME, "acc_ttt", candidate_value=0.7)
     assert res.decision == "promoted" and res.candidate_value == 0.7

@@ -6,12 +6,13 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ttt_pipeline.cli import main
 
-REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -20,11 +21,12 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-@pytest.fixture()
-def fake_runs(tmp_path):
+@pytest.fixture(scope="module")
+def fake_runs(tmp_path_factory):
     """Two pipeline runs logged by hand (no training): fast checks of the formatting and the errors."""
     from ttt_pipeline.tracking import Tracker
 
+    tmp_path = tmp_path_factory.mktemp("cli")
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "cli", str(tmp_path / "mlruns"))
     ids = []
     for name, epochs, head in (("a", "1", {"acc_clean": 0.8, "acc_corrupted": 0.5, "acc_ttt": 0.6}),

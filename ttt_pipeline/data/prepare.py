@@ -65,16 +65,17 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
     stats["dropped_empty_text"] = stats.get("dropped_empty_text", 0) + dropped_text
     stats["dropped_missing_label"] = stats.get("dropped_missing_label", 0) + dropped_label
     stats["truncated_texts"] = stats.get("truncated_texts", 0) + cut
-    if dropped_text or dropped_label:
-        log.warning("%s: dropped %d empty texts and %d rows without a label", where, dropped_text, dropped_label)
-    if not texts:
+    if not texts:  # before the warning: a failing run prints only its error
         raise DataError(f"{where}: no usable reviews (every row has an empty text or no label)",
                         "check data.text_column / data.label_column and the file's content")
+    if dropped_text or dropped_label:
+        log.warning("%s: dropped %d empty texts and %d rows without a label", where, dropped_text, dropped_label)
     return pd.DataFrame({"text": texts, "label": labels})
 
 
 def _frames(source: str, cfg, raw_dir: Path, stats: dict) -> tuple[dict[str, pd.DataFrame], str]:
-    frames, digest = load_source(source, raw_dir, cfg.pt_columns, cfg.sha256)
+    # data.sha256 pins data.path only: the test and shift sources are other files
+    frames, digest = load_source(source, raw_dir, cfg.pt_columns, cfg.sha256 if source == cfg.path else None)
     out = {}
     for split, frame in frames.items():
         where = source if split == "all" else f"{source} [{split}]"

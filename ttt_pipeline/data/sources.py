@@ -100,9 +100,9 @@ def load_source(text: str, raw_dir: Path, pt_columns: list[str], sha256: str | N
                               for k, v in frames.items()})
         return frames, digest
     path = Path(src.ref).expanduser().resolve()
-    frame = read_local(path, pt_columns)
-    if sha256 and path.is_file() and file_digest(path) != sha256:
+    if sha256 and path.is_file() and file_digest(path) != sha256:  # before parsing: an unexpected file is not read
         raise DataError(f"{path}: sha256 does not match data.sha256", "update data.sha256 or the file")
+    frame = read_local(path, pt_columns)
     return {"all": frame}, (tree_digest(path) if path.is_dir() else file_digest(path))
 
 

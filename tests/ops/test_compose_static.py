@@ -1,0 +1,152 @@
+"""Static checks of the deployment files (no Docker engine needed): compose stack, GPU overlay, Dockerfile,
+.env.example, prefect.yaml and scripts/serve.sh."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET_KEY = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH_STRING|API_KEY", re.I)
+REF = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:?[?-][^}]*)?\}$")
+CRED_URL = re.compile(r"://([^/@\s:]+):([^/@\s]+)@")
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((REPO / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return load("docker-compose.yml")
+
+
+@pytest.fixture(scope="module")
+def gpu() -> dict:
+    return load("docker-compose.gpu.yml")
+
+
+def _env(svc: dict) -> dict:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return env
+
+
+def _strings(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+    elif isinstance(obj, str):
+        yield obj
+
+
+def test_required_services(base, gpu):
+    assert {"postgres", "prefect-server", "mlflow", "worker-cpu"} <= set(base["services"])
+    assert "worker-gpu" not in base["services"]  # CPU-only hosts: `docker compose up` needs no GPU
+    assert set(gpu["services"]) == {"worker-gpu"}
+
+
+def test_ports_only_on_loopback(base, gpu):
+    for doc in (base, gpu):
+        for name, svc in doc["services"].items():
+            for p in svc.get("ports", []):
+                if isinstance(p, dict):
+                    assert p.get("host_ip") == "127.0.0.1", (name, p)
+                else:
+                    assert str(p).startswith("127.0.0.1:"), (name, p)
+            assert svc.get("network_mode") != "host", name
+    assert base["services"]["postgres"].get("ports") is None  # the database is reachable inside the stack only
+
+
+def test_no_literal_secret(base, gpu):
+    for doc in (base, gpu):
+        for name, svc in doc["services"].items():
+            for key, value in _env(svc).items():
+                if SECRET_KEY.search(key):
+                    assert value is not None and REF.match(str(value)), f"{name}.{key} holds a literal secret"
+            for s in _strings(svc):
+                for _user, password in CRED_URL.findall(re.sub(r"\$\{[^}]*\}", "VAR", s)):
+                    assert password == "VAR", f"{name}: literal password in {s!r}"
+    for s in _strings(base.get("configs", {})):
+        assert "PASSWORD" not in s.upper() or "${" in s
+
+
+def test_required_variables_are_documented_in_env_example(base, gpu):
+    text = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.gpu.yml").read_text()
+    required = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)(?::?[?-])", text))
+    example = dict(line.split("=", 1) for line in (REPO / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert required <= set(example), required - set(example)
+    assert ".env" in (REPO / ".gitignore").read_text().split() and ".env" in (REPO / ".dockerignore").read_text()
+
+
+def test_healthchecks_and_healthy_dependencies(base, gpu):
+    for doc in (base, gpu):
+        for name, svc in doc["services"].items():
+            assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+            deps = svc.get("depends_on", {})
+            assert isinstance(deps, dict), f"{name}: depends_on must use the long form with conditions"
+            for dep, spec in deps.items():
+                assert spec.get("condition") == "service_healthy", (name, dep)
+                assert dep in base["services"], (name, dep)
+    assert set(base["services"]["prefect-server"]["depends_on"]) == {"postgres"}
+    assert set(base["services"]["mlflow"]["depends_on"]) == {"postgres"}
+    assert {"prefect-server", "mlflow"} <= set(base["services"]["worker-cpu"]["depends_on"])
+    assert {"prefect-server", "mlflow"} <= set(gpu["services"]["worker-gpu"]["depends_on"])
+
+
+def test_servers_are_wired_to_postgres_and_auth(base, gpu):
+    s = base["services"]
+    prefect_env = _env(s["prefect-server"])
+    assert prefect_env["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+    auth = prefect_env["PREFECT_SERVER_API_AUTH_STRING"]
+    for client in (s["worker-cpu"], gpu["services"]["worker-gpu"]):
+        assert _env(client)["PREFECT_API_AUTH_STRING"].split(":")[0] == auth.split(":")[0]  # the same variable
+        assert _env(client)["TTT_PIPELINE_HOME"]
+    cmd = " ".join(s["mlflow"]["command"])
+    assert "--backend-store-uri postgresql://" in cmd and "--app-name basic-auth" in cmd
+    assert "--allowed-hosts" in cmd and "--artifacts-destination" in cmd
+    assert any(str(v).endswith(":/mlflow") for v in s["mlflow"]["volumes"])
+    assert _env(s["mlflow"])["MLFLOW_AUTH_CONFIG_PATH"]
+    assert "authorization_function" in base["configs"]["mlflow-auth"]["content"]
+    assert "worker start --pool cpu" in " ".join(s["worker-cpu"]["command"])
+
+
+def test_gpu_overlay_reserves_nvidia_devices(gpu):
+    svc = gpu["services"]["worker-gpu"]
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    cmd = " ".join(svc["command"])
+    assert "--pool gpu" in cmd and "--limit 1" in cmd  # one heavy job per GPU worker
+
+
+def test_dockerfile():
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
+    assert "torch==2.13.0" in text and "download.pytorch.org/whl/cpu" in text
+    assert re.search(r"pip install -e \.", text) and re.search(r"^USER (?!root)", text, re.M)
+
+
+def test_prefect_yaml():
+    doc = load("prefect.yaml")
+    deps = {d["name"]: d for d in doc["deployments"]}
+    assert set(deps) == {"ttt-pipeline", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation"}
+    assert deps["ttt-pipeline"]["work_pool"]["name"] == "cpu" and not deps["ttt-pipeline"]["schedules"]
+    assert deps["fine-tune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"
+    (sched,) = deps["nightly-reevaluation"]["schedules"]
+    assert sched["cron"] and sched["timezone"] and sched["active"] is True
+    for d in deps.values():
+        assert ":" not in d["entrypoint"]  # module paths: imported from the installed package
+    assert doc["pull"] == [{"flows.stages.enter_pipeline_home": {}}]
+
+
+def test_serve_script_parses():
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "serve.sh")]).returncode == 0

@@ -1,0 +1,115 @@
+"""Helpers of the reliability suite: the tiny pipeline config and the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "data" / "demo" / "reviews.jsonl"
+
+# Loaded by the CLI's interpreter (via PYTHONPATH): at exit it records which modules were imported, which
+# proves a run stopped in preflight: Prefect (and the flow) never loaded.
+PROBE = """
+import atexit, json, os, sys
+_out = os.environ.get("TTT_PROBE_OUT")
+if _out:
+    def _dump():
+        mods = set(sys.modules)
+        with open(_out, "w") as f:
+            json.dump({"prefect": any(m == "prefect" or m.startswith("prefect.") for m in mods),
+                       "flow": "flows.pipeline" in mods, "torch_trained": "ttt_pipeline.train" in mods}, f)
+    atexit.register(_dump)
+"""
+
+
+def tiny_config(tmp: Path, model_dir: Path, **sections) -> dict:
+    """The end-to-end test's tiny config (tests/flows/test_pipeline_e2e.py), sections overridable."""
+    cfg = {
+        "data": {"path": str(DEMO), "text_column": "text", "label_column": "rating",
+                 "label_names": ["1", "2", "3", "4", "5"], "max_train_samples": 60, "max_test_samples": 24},
+        "model": {"name": str(model_dir), "max_length": 48, "head_hidden": [16]},
+        "finetune": {"epochs": 2, "batch_size": 16, "alignment": "joint", "early_stopping_patience": 0},
+        "corruption": {"families": ["tutorial"], "severities": [1], "seed": 1},
+        "ttt": {"methods": ["none", "masked_ttt"], "batch_size": 8},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "artifact_root": str(tmp / "mlruns"),
+                     "experiment": "reliability"},
+        "store": str(tmp / "store"),
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict) and isinstance(cfg.get(name), dict):
+            cfg[name] = {**cfg[name], **values}
+        else:
+            cfg[name] = values
+    return cfg
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    probe: dict
+
+    @property
+    def summary(self) -> dict:
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+def cli_env(tmp: Path, probe_out: Path | None = None) -> dict:
+    probe_dir = tmp / "probe"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    (probe_dir / "sitecustomize.py").write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(probe_dir), os.environ.get("PYTHONPATH")])),
+           "PREFECT_HOME": str(tmp / "prefect-home"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("TTT_DEBUG", None)
+    env.pop("TTT_TRACKING_URI", None)
+    if probe_out is not None:
+        env["TTT_PROBE_OUT"] = str(probe_out)
+    return env
+
+
+def write_config(tmp: Path, cfg: dict) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def cli_args(config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(config), *extra]
+
+
+def run_cli(tmp: Path, cfg: dict, *extra: str, timeout: float = 600, debug: str = "") -> CliRun:
+    """debug: "" (off), "before" (`ttt-pipeline --debug run`) or "after" (`ttt-pipeline run --debug`)."""
+    config = write_config(tmp, cfg)
+    probe = tmp / "probe.json"
+    args = cli_args(config, *extra)
+    if debug:
+        args.insert(3 if debug == "before" else len(args), "--debug")
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=cli_env(tmp, probe), cwd=REPO, timeout=timeout)
+    seconds = time.perf_counter() - t0
+    return CliRun(proc.returncode, proc.stdout, proc.stderr, seconds,
+                  json.loads(probe.read_text()) if probe.is_file() else {})
+
+
+def assert_plain_error(run: CliRun, *needles: str) -> None:
+    """Exit 2; stderr is `error: ...` and optionally `hint: ...`, nothing else; no traceback anywhere."""
+    assert run.returncode == 2, (run.returncode, run.stderr[-3000:])
+    lines = run.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2, run.stderr
+    assert lines[0].startswith("error: "), run.stderr
+    if len(lines) == 2:
+        assert lines[1].startswith("hint: "), run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+    for needle in needles:
+        assert needle in run.stderr, (needle, run.stderr)

@@ -1,0 +1,55 @@
+"""CUDA out-of-memory during fine-tuning: halve the batch once, say so, and record it; never retry blindly.
+
+An OOM is not transient: the same batch size fails the same way, so a plain retry only burns GPU time. The
+one useful fallback is a smaller batch. `run_with_oom_fallback` calls the training callable with the
+configured batch size; on `torch.cuda.OutOfMemoryError` it frees the CUDA cache and calls it once more with
+half the batch. A second OOM becomes a PipelineError that names the sizes and the fix. Anything else (CPU
+`MemoryError`, bugs) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Callable, TypeVar
+
+import torch
+
+from .errors import PipelineError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _free_cuda() -> None:
+    gc.collect()  # the failed attempt's model and activations are garbage once its frames are gone
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_with_oom_fallback(train: Callable[[int], T], batch_size: int, what: str = "fine-tuning") -> tuple[T, dict]:
+    """(train's result, metadata); metadata holds `oom_halved_batch_size` (and the original) after a fallback.
+
+    `train(batch_size)` must start from scratch for the batch size it is given (a fresh model, its own
+    checkpoints): the failed attempt's state is not reused.
+    """
+    try:
+        return train(batch_size), {}
+    except torch.cuda.OutOfMemoryError as exc:
+        smaller = batch_size // 2
+        if smaller < 1:
+            raise PipelineError(f"CUDA out of memory in {what} at batch size 1",
+                                "use a shorter model.max_length, a smaller model or a larger GPU") from None
+        log.warning("CUDA out of memory in %s at batch size %d (%s); retrying once with batch size %d",
+                    what, batch_size, str(exc).splitlines()[0][:120] if str(exc) else "no detail", smaller)
+    _free_cuda()  # outside the except block: the exception (and the frames it pins) is released by now
+    try:
+        result = train(smaller)
+    except torch.cuda.OutOfMemoryError:
+        pass
+    else:
+        return result, {"oom_halved_batch_size": smaller, "oom_original_batch_size": batch_size}
+    _free_cuda()
+    raise PipelineError(f"CUDA out of memory in {what} at batch size {batch_size} and again at {smaller}",
+                        f"set finetune.batch_size below {smaller} or a shorter model.max_length, "
+                        "or use a larger GPU")
