@@ -64,15 +64,14 @@ BEST_CONFIG = dict(mask_prob=0.1, steps=1, lr=1e-4, optimizer="adam", params="to
                    unit="sample", seed=0)
 SWEEP = [
     dict(SAME),
+    dict(SAME, params="top_k", top_k=1, lr=1e-4),
+    dict(SAME, params="top_k", top_k=1, lr=3e-4),
+    dict(SAME, params="top_k", top_k=2, lr=1e-4),
+    dict(SAME, params="top_k", top_k=1, lr=1e-4, views=2),
+    dict(SAME, params="layernorm", lr=1e-3),
+    dict(SAME, params="bias", lr=3e-4),
+    dict(SAME, params="top_k", top_k=1, lr=1e-4, unit="sample"),
     dict(SAME, unit="sample"),
-    dict(SAME, params="top_k", top_k=1, unit="sample", lr=1e-4),
-    dict(SAME, params="top_k", top_k=1, unit="sample", lr=3e-4),
-    dict(SAME, params="top_k", top_k=2, unit="sample", lr=1e-4),
-    dict(SAME, params="top_k", top_k=2, unit="sample", lr=3e-5, views=2),
-    dict(SAME, params="layernorm", unit="sample", lr=1e-3),
-    dict(SAME, params="layernorm", unit="sample", lr=3e-3),
-    dict(SAME, params="bias", unit="sample", lr=3e-4),
-    dict(SAME, params="top_k", top_k=1, unit="batch", lr=1e-4),
 ]
 
 

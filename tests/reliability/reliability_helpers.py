@@ -69,7 +69,9 @@ def cli_env(tmp: Path, probe_out: Path | None = None) -> dict:
     probe_dir.mkdir(parents=True, exist_ok=True)
     (probe_dir / "sitecustomize.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(probe_dir), os.environ.get("PYTHONPATH")])),
-           "PREFECT_HOME": str(tmp / "prefect-home"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+           "PREFECT_HOME": str(tmp / "prefect-home"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           # Prefect's temporary server gets 20 s to start by default: too little on a loaded 2-core CI box
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     env.pop("TTT_DEBUG", None)
     env.pop("TTT_TRACKING_URI", None)
     if probe_out is not None:

@@ -52,7 +52,8 @@ def _finetune_entry(store: Path) -> Path | None:
 def _wait_for_epoch(store: Path, proc: subprocess.Popen, timeout: float) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "the run ended before it could be killed"
+        assert proc.poll() is None, "the run ended before it could be killed: " + \
+            (store.parent / "first.err").read_text()[-2000:]
         for work in (store / "finetune").glob("*.work") if (store / "finetune").is_dir() else []:
             state = work / "state.json"
             if (work / "last.pt").is_file() and state.is_file():
@@ -71,7 +72,13 @@ def test_kill_9_mid_finetune_then_rerun_resumes_and_matches_an_uninterrupted_run
     ref: dict = {}
     reference = threading.Thread(target=_reference, args=(tiny_config(ref_dir, tiny_bert_dir, **RESUMABLE), ref))
     reference.start()
+    try:
+        _kill_rerun_compare(run_dir, cfg, reference, ref)
+    finally:
+        reference.join(timeout=900)  # never leave it training beside the next test (shared torch RNG)
 
+
+def _kill_rerun_compare(run_dir: Path, cfg: dict, reference: threading.Thread, ref: dict) -> None:
     config = write_config(run_dir, cfg)
     with open(run_dir / "first.out", "w") as out, open(run_dir / "first.err", "w") as err:
         proc = subprocess.Popen(cli_args(config, "--json"), stdout=out, stderr=err, env=cli_env(run_dir), cwd=REPO,
@@ -79,7 +86,8 @@ def test_kill_9_mid_finetune_then_rerun_resumes_and_matches_an_uninterrupted_run
         try:
             work = _wait_for_epoch(run_dir / "store", proc, timeout=480)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     done = len(json.loads((work / "state.json").read_text())["history"])
