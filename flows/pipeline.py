@@ -15,9 +15,6 @@ from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.report import headline_markdown
 from ttt_pipeline.tracking import Tracker
 
-HEAVY = ("download", "tokenise", "fine-tune", "corrupt", "evaluate")
-
-
 def _run(task_fn, *args, **kwargs):
     """(result, served_from_cache): a Prefect cache hit or a verified store hit both count."""
     state = task_fn(*args, return_state=True, **kwargs)

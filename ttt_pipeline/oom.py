@@ -4,7 +4,8 @@ An OOM is not transient: the same batch size fails the same way, so a plain retr
 one useful fallback is a smaller batch. `run_with_oom_fallback` calls the training callable with the
 configured batch size; on `torch.cuda.OutOfMemoryError` it frees the CUDA cache and calls it once more with
 half the batch. A second OOM becomes a PipelineError that names the sizes and the fix. Anything else (CPU
-`MemoryError`, bugs) passes through untouched.
+`MemoryError`, bugs) passes through untouched. Under torchrun (a process group is up) there is no fallback:
+ranks must agree on the batch size, so the OOM is reported as an error at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def _free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def run_with_oom_fallback(train: Callable[[int], T], batch_size: int, what: str = "fine-tuning") -> tuple[T, dict]:
     """(train's result, metadata); metadata holds `oom_halved_batch_size` (and the original) after a fallback.
 
@@ -37,6 +42,10 @@ def run_with_oom_fallback(train: Callable[[int], T], batch_size: int, what: str 
         return train(batch_size), {}
     except torch.cuda.OutOfMemoryError as exc:
         smaller = batch_size // 2
+        if _distributed():  # one rank retrying alone would leave the others waiting in an all-reduce
+            raise PipelineError(f"CUDA out of memory in data-parallel {what} at batch size {batch_size} per rank",
+                                "set a smaller finetune.batch_size (each rank uses it) or a shorter "
+                                "model.max_length") from None
         if smaller < 1:
             raise PipelineError(f"CUDA out of memory in {what} at batch size 1",
                                 "use a shorter model.max_length, a smaller model or a larger GPU") from None

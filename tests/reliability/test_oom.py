@@ -106,3 +106,17 @@ def test_finetune_step_falls_back_and_records_it(tmp_path, tiny_bert_dir, monkey
     manifest = json.loads((Path(out.path) / "manifest.json").read_text())
     assert manifest["meta"]["oom_halved_batch_size"] == 8
     assert cfg.finetune.batch_size == 16  # the config itself is untouched
+
+
+def test_no_lone_retry_in_data_parallel_training(monkeypatch):
+    """Under torchrun one rank halving its batch alone would hang the others: report instead."""
+    monkeypatch.setattr(oom, "_distributed", lambda: True)
+    calls = []
+
+    def train(batch_size):
+        calls.append(batch_size)
+        raise _cuda_oom()
+
+    with pytest.raises(PipelineError, match="data-parallel"):
+        run_with_oom_fallback(train, 32)
+    assert calls == [32]
