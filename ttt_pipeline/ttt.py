@@ -210,8 +210,8 @@ def _autocast(device: torch.device):
 class EpisodicEngine:
     """Shared machinery: units, sub-batches, adapt-predict-restore, online mode with the guard, statistics.
 
-    A unit (the batch, or one sample) is processed in length-sorted sub-batches of `sub_batch` rows, each
-    cut to its own longest row: the loss of the unit is the sum of the sub-batches' shares, so gradients
+    A unit (the batch, or one sample) is processed in length-sorted sub-batches of at most
+    `sub_batch_tokens` padded tokens, each cut to its own longest row: the loss of the unit is the sum of the sub-batches' shares, so gradients
     are accumulated (one optimizer step per unit and step, as with one big forward) while padding is not
     computed and each sub-batch's graph is freed before the next one is built.
 

@@ -34,8 +34,8 @@ class FlakyClient:
 
 
 @pytest.fixture()
-def tracker(tmp_path, monkeypatch):
-    t = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "reliability")
+def tracker(monkeypatch):
+    t = Tracker("http://127.0.0.1:1", "reliability")  # an http client connects lazily; the fakes replace it
     t._experiment_id = "0"
     sleeps: list[float] = []
     monkeypatch.setattr(tracking.time, "sleep", sleeps.append)
