@@ -5,7 +5,6 @@ Batches are formed in the texts' own order (never shuffled), so a per-batch TTT 
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np

@@ -8,7 +8,6 @@ the engine is episodic like the masked one (restore in place after each unit) un
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .ttt import EpisodicEngine, TTTSettings

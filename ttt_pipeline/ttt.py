@@ -4,11 +4,14 @@ The algorithm is torch-ttt 0.0.2's `MaskedTTTEngine` (mask non-special, non-padd
 `mask_prob`, cross-entropy of the MLM head on the masked positions, `steps` optimizer steps at `lr`, then a
 prediction without gradients), re-implemented without its costs:
 
-- episodic by default: the adapted parameters are snapshotted once and copied back in place after every
-  unit (batch or sample) and the optimizer moments are zeroed in place; no deepcopy of model or inputs;
+- episodic by default: while adapting, the chosen parameters are views into one flat buffer (so an
+  optimizer step, a restore and an optimizer reset are one kernel each, see `FlatParams`); after every
+  unit (batch or sample) the buffer is refilled from the model's own, never-modified tensors and the
+  optimizer moments are zeroed in place, and `predict` hands the model back on its own storage; no deepcopy
+  of model or inputs;
 - the MLM head runs only on the masked positions, and never on the prediction pass;
-- padding is not computed: a unit runs in length-sorted sub-batches cut to their longest row, with the
-  gradients accumulated (the same loss and step as one forward); per-sample units run without padding;
+- trailing padding columns are dropped, per-sample units run without padding, and optionally a unit runs
+  in length-sorted sub-batches with accumulated gradients (`sub_batch_tokens`, same loss and step);
 - no-grad work runs under `torch.inference_mode`; CUDA uses bf16 autocast, CPU stays fp32.
 
 Masks are reproducible without any global RNG: each row's Bernoulli draws come from a generator seeded by
@@ -37,11 +40,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .ttt_params import (OPTIMIZERS, PARAM_SELECTIONS, ParamSnapshot, make_optimizer, reset_optimizer_state,
+from .ttt_params import (OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state,
                          select_parameters)
 
 __all__ = ["TTTSettings", "MaskedTTT", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn",
-           "build_engine", "settings_from_config", "select_parameters", "eligible_positions", "TentEngine"]
+           "build_engine", "settings_from_config", "select_parameters", "eligible_positions"]
+# `TentEngine` is importable from here too (lazily, see __getattr__ at the end).
 
 # mask_fn(input_ids, attention_mask, draw) -> bool mask (B x T); `draw` numbers the masks of one unit
 # (step * views + view) so that every step and view gets fresh, reproducible masks.
@@ -66,8 +70,9 @@ class TTTSettings:
     tent_steps: int = 1
     trim_padding: bool = True
     # Padded-token budget of the length-sorted sub-batches a unit is cut into (gradients accumulated, so
-    # the math is that of one forward over the unit). None: 2048 on CPU, where padding costs compute and
-    # sub-batches that big keep the matrix products efficient; 0 (off) on CUDA.
+    # the math is that of one forward over the unit); 0/None: off. Off by default: it saves the padding's
+    # FLOPs, but on a busy shared CPU more, smaller kernels cost more than the padding (measured: 2048 was
+    # 1.3x slower than off on the 2-core bench machine under load).
     sub_batch_tokens: int | None = None
     # Online-mode collapse guard. Baselines are the means over the first `guard_warmup` units after a
     # (re)start; the signals are exponential moving averages (weight `guard_ema` on the newest unit) of the
@@ -185,7 +190,8 @@ class CollapseGuard:
             if self.ema_loss < self.loss_low * self.base_loss:
                 return f"MLM loss collapsed ({self.ema_loss:.3f} < {self.loss_low} x {self.base_loss:.3f})"
         if self.base_entropy and self.ema_entropy < self.entropy_low * self.base_entropy:
-            return f"prediction entropy collapsed ({self.ema_entropy:.3f} < {self.entropy_low} x {self.base_entropy:.3f})"
+            return (f"prediction entropy collapsed ({self.ema_entropy:.3f} < {self.entropy_low} x "
+                    f"{self.base_entropy:.3f})")
         return None
 
 
@@ -210,10 +216,10 @@ def _autocast(device: torch.device):
 class EpisodicEngine:
     """Shared machinery: units, sub-batches, adapt-predict-restore, online mode with the guard, statistics.
 
-    A unit (the batch, or one sample) is processed in length-sorted sub-batches of at most
-    `sub_batch_tokens` padded tokens, each cut to its own longest row: the loss of the unit is the sum of the sub-batches' shares, so gradients
-    are accumulated (one optimizer step per unit and step, as with one big forward) while padding is not
-    computed and each sub-batch's graph is freed before the next one is built.
+    A unit (the batch, or one sample) is cut to its longest row and, when `sub_batch_tokens` > 0, split
+    into length-sorted sub-batches of at most that many padded tokens: the unit's loss is the sum of the
+    sub-batches' shares, so gradients accumulate (one optimizer step per unit and step, as with one big
+    forward) while padding is not computed and each sub-batch's graph is freed before the next is built.
 
     Subclasses set `self.steps` and implement `prepare(ids, am, step)` (unit-wide work such as masks;
     None = nothing to learn from) and `chunk_loss(ids, am, rows, ctx)` (that sub-batch's share of the loss).
@@ -222,8 +228,9 @@ class EpisodicEngine:
     steps: int = 1
 
     def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
-        # An online engine leaves its adapted weights in the model; a new engine must start from the source.
-        previous = getattr(model, "_ttt_online_engine", None)
+        # An engine left attached (online mode) holds the model's parameters as views of its buffer; the next
+        # engine must start from the model's own storage and the source values.
+        previous = getattr(model, "_ttt_attached_engine", None)
         previous = previous() if previous is not None else None
         if previous is not None:
             previous.close()
@@ -235,11 +242,11 @@ class EpisodicEngine:
         wanted = {id(p) for p in self.params}
         self._all = list(model.parameters())
         self._frozen = [p for p in self._all if id(p) not in wanted]
-        self.snapshot = ParamSnapshot(self.params)
-        self.opt = make_optimizer(self.params, settings.optimizer, lr)
+        self.flat = FlatParams(self.params)
+        self.opt = make_optimizer(self.flat.flat, settings.optimizer, lr)
         self.device = self.params[0].device
         sub = settings.sub_batch_tokens
-        self.sub_batch_tokens = (0 if self.device.type == "cuda" else 2048) if sub is None else int(sub)
+        self.sub_batch_tokens = 0 if sub is None else int(sub)
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,
                                     settings.guard_loss_low, settings.guard_entropy_low)
                       if settings.online and settings.guard else None)
@@ -247,18 +254,31 @@ class EpisodicEngine:
         self.reset_reasons: list[str] = []
 
     # -- episodes -------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Back to the source weights and a fresh optimizer (in place)."""
-        self.snapshot.restore()
+    def _attach(self) -> None:
+        self.flat.attach()
+        self.model.__dict__["_ttt_attached_engine"] = weakref.ref(self)
+
+    def _detach(self) -> None:
+        self.flat.detach()
+        ref = self.model.__dict__.get("_ttt_attached_engine")
+        if ref is not None and ref() is self:
+            del self.model.__dict__["_ttt_attached_engine"]
+
+    def _restart(self) -> None:
+        """Source values into the buffer, optimizer moments zeroed (in place), guard restarted."""
+        self.flat.restore()
         reset_optimizer_state(self.opt)
         if self.guard is not None:
             self.guard.restart()
 
+    def reset(self) -> None:
+        """Back to the source weights (the model's own, untouched storage) and a fresh optimizer."""
+        self._restart()
+        self._detach()
+
     def close(self) -> None:
         """Give the model back with its source weights (needed after online mode; harmless otherwise)."""
         self.reset()
-        if getattr(self.model, "_ttt_online_engine", None) is not None and self.model._ttt_online_engine() is self:
-            self.model.__dict__.pop("_ttt_online_engine", None)
 
     def __enter__(self):
         return self
@@ -295,17 +315,19 @@ class EpisodicEngine:
         return trim_padding(ids, am) if self.s.trim_padding else (ids, am)
 
     def adapt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float | None:
-        """`steps` optimizer steps on the unit's loss; returns the first step's loss (before any update)."""
+        """`steps` optimizer steps on the unit's loss; returns the first step's loss (before any update).
+        Leaves the model attached to the adapted buffer (predict restores, or call reset())."""
+        self._attach()
         first = None
         flags = [p.requires_grad for p in self._all]
         for p in self._frozen:
             p.requires_grad_(False)
         for p in self.params:
             p.requires_grad_(True)
+            p.grad = None
         parts = self.chunks(attention_mask)
         try:
             for step in range(self.steps):
-                self.opt.zero_grad(set_to_none=True)
                 ctx = self.prepare(input_ids, attention_mask, step)
                 if ctx is None:  # nothing to learn from (no maskable token): skip the step
                     continue
@@ -319,7 +341,7 @@ class EpisodicEngine:
                     loss.backward()
                     total += float(loss.detach())
                     any_part = True
-                if not any_part:
+                if not any_part or not self.flat.gather_grads():
                     continue
                 self.opt.step()
                 self.stats["steps"] += 1
@@ -328,7 +350,8 @@ class EpisodicEngine:
         finally:
             for p, f in zip(self._all, flags):
                 p.requires_grad_(f)
-            self.opt.zero_grad(set_to_none=True)
+            for p in self.params:
+                p.grad = None
         if first is not None:
             self.stats["loss_sum"] += first
             self.stats["loss_n"] += 1
@@ -357,6 +380,7 @@ class EpisodicEngine:
         attention_mask = attention_mask.to(self.device)
         was_training = self.model.training
         self.model.eval()  # dropout off, as torch-ttt's engine in eval mode
+        self._attach()
         try:
             if self.s.unit == "sample":
                 outs = []
@@ -369,6 +393,8 @@ class EpisodicEngine:
                 logits = self._run_unit(input_ids, attention_mask)
         finally:
             self.model.train(was_training)
+            if not self.s.online:
+                self._detach()
         return logits.to(out_device)
 
     __call__ = predict
@@ -378,16 +404,14 @@ class EpisodicEngine:
         loss = self.adapt(input_ids, attention_mask)
         logits = self.forward_nograd(input_ids, attention_mask)
         if not self.s.online:
-            self.snapshot.restore()
-            reset_optimizer_state(self.opt)
+            self._restart()
             return logits
-        self.model.__dict__["_ttt_online_engine"] = weakref.ref(self)
         if self.guard is not None:
             reason = self.guard.update(loss, normalized_entropy(logits))
             if reason is not None:  # redo this unit from the source weights; the guard restarts from it
                 self.reset_reasons.append(reason)
                 self.stats["resets"] += 1
-                self.reset()
+                self._restart()
                 loss = self.adapt(input_ids, attention_mask)
                 logits = self.forward_nograd(input_ids, attention_mask)
                 self.guard.update(loss, normalized_entropy(logits))
@@ -414,7 +438,11 @@ class MaskedTTT(EpisodicEngine):
 
     def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
                  mask_fn: MaskFn | None = None):
-        super().__init__(model, settings, select_parameters(model, settings.params, settings.top_k), settings.lr)
+        # The classification head gets no gradient from the MLM loss: leave it out of the buffer (torch-ttt
+        # hands it to Adam, which skips it for want of a gradient; same result).
+        head = {id(p) for p in model.head.parameters()} if hasattr(model, "head") else set()
+        params = [p for p in select_parameters(model, settings.params, settings.top_k) if id(p) not in head]
+        super().__init__(model, settings, params, settings.lr)
         self.steps = settings.steps
         self.mask_token_id = mask_token_id
         self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)

@@ -111,3 +111,90 @@ def reset_optimizer_state(opt: torch.optim.Optimizer) -> None:
             else:
                 state.clear()
                 break
+
+
+class FlatParams:
+    """The adapted parameters as views into one contiguous buffer per (device, dtype), while attached.
+
+    Why: a step then touches ONE tensor instead of ~150 (fused Adam, restore, optimizer reset are one
+    kernel each). On a busy CPU every kernel is a parallel region whose threads may have to wait to be
+    scheduled, so the number of kernels, not the bytes, is what costs there.
+
+    attach() points each parameter's storage at its slice of the buffer (a metadata swap, no copy) and
+    detach() points it back at its own, untouched tensor: in episodic use the model leaves `predict` with its
+    original storage and values whatever happened in between. restore() refills the buffer from a flat copy
+    of those originals (one copy kernel; gathering ~150 tensors is ~150 kernels). The optimizer works on
+    `self.flat` (one Parameter per group) whose `.grad` is gathered from the parameters' gradients by one
+    `torch.cat`. A parameter that got no gradient contributes zeros: Adam and SGD leave it as it is, as
+    torch.optim does; AdamW would decay it (torch.optim skips it), so engines leave out what cannot get one.
+    """
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = list(params)
+        self.original = [p.data for p in self.params]
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.params):
+            groups.setdefault((p.device, p.dtype), []).append(i)
+        self.groups = list(groups.values())
+        self.flat: list[nn.Parameter] = []
+        self.saved: list[torch.Tensor] = []
+        self.views: list[torch.Tensor | None] = [None] * len(self.params)
+        self._zeros: dict[int, torch.Tensor] = {}
+        for idx in self.groups:
+            with torch.no_grad():
+                buf = torch.cat([self.original[i].reshape(-1) for i in idx])
+            flat = nn.Parameter(buf)
+            self.saved.append(buf.detach().clone())
+            offset = 0
+            for i in idx:
+                n = self.original[i].numel()
+                self.views[i] = flat.data[offset:offset + n].view_as(self.original[i])
+                offset += n
+            self.flat.append(flat)
+        self.attached = False
+
+    def attach(self) -> None:
+        if not self.attached:
+            for p, v in zip(self.params, self.views):
+                p.data = v
+            self.attached = True
+
+    def detach(self) -> None:
+        if self.attached:
+            for p, o in zip(self.params, self.original):
+                p.data = o
+            self.attached = False
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Buffer := the original values (one kernel per group)."""
+        for flat, saved in zip(self.flat, self.saved):
+            flat.data.copy_(saved)
+
+    @torch.no_grad()
+    def gather_grads(self) -> bool:
+        """flat.grad := the parameters' gradients (zeros where a parameter got none); frees those grads.
+        Returns False when no parameter got a gradient."""
+        any_grad = False
+        for idx, flat in zip(self.groups, self.flat):
+            parts = []
+            for i in idx:
+                g = self.params[i].grad
+                if g is None:
+                    z = self._zeros.get(i)
+                    if z is None:
+                        z = self._zeros[i] = torch.zeros(self.original[i].numel(), device=flat.device,
+                                                         dtype=flat.dtype)
+                    parts.append(z)
+                else:
+                    any_grad = True
+                    parts.append(g.reshape(-1))
+                self.params[i].grad = None
+            if flat.grad is None or flat.grad.shape != flat.shape:
+                flat.grad = torch.empty_like(flat.data)
+            torch.cat(parts, out=flat.grad)
+        return any_grad
+
+    def changed(self) -> list[int]:
+        """Indices of the parameters whose current values differ from the originals (tests, diagnostics)."""
+        return [i for i, (p, o) in enumerate(zip(self.params, self.original)) if not torch.equal(p.data, o)]

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ import pytest
 import yaml
 
 pytestmark = pytest.mark.browser
+
+from conftest import free_port, listening
 
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "screenshots"
@@ -108,18 +109,6 @@ def browse(chromium, tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Server:

@@ -10,7 +10,6 @@ listening.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,21 +19,11 @@ import pytest
 
 from _ops_config import tiny_config
 
+from conftest import free_port, listening
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +106,7 @@ def _logs(stack, name: str) -> str:
 
 
 def test_pipeline_completes_with_heavy_stages_on_the_gpu_pool(pipeline_run):
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     fr = pipeline_run["flow_run"]
     assert fr.state.is_completed(), f"{fr.state.type}: {fr.state.message}\n{_logs(pipeline_run, 'worker-cpu')[-4000:]}"

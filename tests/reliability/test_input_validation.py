@@ -80,10 +80,10 @@ def test_enormous_review_is_cut_counted_and_tokenises_fast(tmp_path, tiny_bert_d
     out = tokenize_dataset(ds, tok, 128, tmp_path / "tok")
     tokenise_s = time.perf_counter() - t0
     assert max(out["sizes"].values()) >= 1
-    assert prepare_s < 20 and tokenise_s < 20, (prepare_s, tokenise_s)  # seconds on a loaded 2-core machine
+    assert prepare_s < 90 and tokenise_s < 90, (prepare_s, tokenise_s)  # generous: a busy 2-core machine
     t0 = time.perf_counter()
     enc = tok([huge], truncation=True, max_length=128)  # even uncut, the fast tokenizer copes with 5 MB
-    assert len(enc["input_ids"][0]) == 128 and time.perf_counter() - t0 < 30
+    assert len(enc["input_ids"][0]) == 128 and time.perf_counter() - t0 < 120
 
 
 @pytest.mark.parametrize("name,content,match", [

@@ -23,6 +23,16 @@ TEXTS = ["the battery died after two days and support never answered my emails",
          "five stars , would buy again"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's kernels are too small to share: on a busy 2-core machine each 2-thread kernel can
+    wait milliseconds for its second thread, so these tests run single-threaded (restored afterwards)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def env(tiny_bert_dir):
     torch.manual_seed(0)
@@ -64,6 +74,7 @@ def test_weights_bit_identical_after_a_test_set(env, kw):
     """Episodic: after many units the model is exactly the source model (restore in place, no leak)."""
     model, tok = env
     before = weights(model)
+    storage = [p.data_ptr() for p in model.parameters()]
     eng = engine(env, **kw)
     for i in range(3):
         ids, am = batch(tok, TEXTS[i:i + 3])
@@ -71,6 +82,7 @@ def test_weights_bit_identical_after_a_test_set(env, kw):
         assert out.shape == (ids.shape[0], 3) and out.dtype == torch.float32
     assert eng.stats["steps"] > 0
     assert same(before, weights(model))
+    assert storage == [p.data_ptr() for p in model.parameters()]  # handed back on its own tensors
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -295,7 +307,8 @@ def test_new_engine_starts_from_source_weights_after_an_online_one(env):
     assert not same(before, weights(model))
     fresh = engine(env, lr=1e-2)
     assert same(before, weights(model))
-    assert same(before, fresh.snapshot.saved)
+    assert getattr(model, "_ttt_attached_engine", None) is None
+    assert torch.equal(fresh.predict(ids, am), engine(env, lr=1e-2).predict(ids, am))
 
 
 def test_guard_trips_on_collapse_and_not_on_a_stable_stream():
