@@ -168,7 +168,7 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 
 # ------------------------------------------------------------------------------------------ our pipeline
 def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict, ttt_sets: list[str],
-             warmup_max: int) -> dict:
+             warmup_max: int, ft_overrides: dict, alternatives: dict[str, dict] | None = None) -> dict:
     from datasets import Dataset
 
     from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
@@ -184,8 +184,8 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     enc = encode_texts(tok, texts, 128)
     ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": labels,
                             "length": [len(x) for x in enc["input_ids"]]})
-    cfg = FinetuneConfig(epochs=epochs, alignment=mode, seed=seed, early_stopping_patience=0,
-                         mlm_warmup_max_steps=warmup_max)
+    cfg = FinetuneConfig(**({"mlm_warmup_max_steps": warmup_max} | ft_overrides | {
+        "epochs": epochs, "alignment": mode, "seed": seed, "early_stopping_patience": 0}))
     work = REPO / ".cache" / "bench-accuracy" / f"{mode}-{seed}-{os.getpid()}"
     result = finetune(model, tok, ds, None, cfg, work)
     import shutil
@@ -196,16 +196,22 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     def plain(texts_):
         return predict(model, tok, texts_, 128, 32).argmax(-1).tolist()
 
-    def ttt(texts_):
-        engine = build_engine("masked_ttt", model, tok, ttt_cfg)
-        return predict(model, tok, texts_, 128, ttt_cfg.batch_size, engine).argmax(-1).tolist()
+    def ttt_with(cfg_):
+        def ttt(texts_):
+            engine = build_engine("masked_ttt", model, tok, cfg_)
+            return predict(model, tok, texts_, 128, cfg_.batch_size, engine).argmax(-1).tolist()
+        return ttt
 
     train_s = sum(r["epoch_s"] for r in result.history)
     res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s,
            "mlm_warmup_steps": len(result.warmup_curve),
            "mlm_warmup_final_loss": float(np.mean(result.warmup_curve[-10:])) if result.warmup_curve else None,
            "final_train_mlm_loss": result.history[-1].get("train_mlm_loss")}
-    return res | score_sets(data, plain, ttt, ttt_sets)
+    res |= score_sets(data, plain, ttt_with(ttt_cfg), ttt_sets)
+    # other TTT settings on the same trained model (no retraining): a cheap way to compare engines' settings
+    res["ttt_alternatives"] = {name: score_ttt(data, ttt_with(TTTConfig(**(ttt_overrides | alt))), ttt_sets, res)
+                               for name, alt in (alternatives or {}).items()}
+    return res
 
 
 # ------------------------------------------------------------------------------------------------ scoring
@@ -221,6 +227,15 @@ def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
     out["acc_shift"] = float(np.mean(shift))
     out["acc_shift_by_domain"] = dict(zip(("kitchen", "books"), shift))
     out["eval_s"] = time.perf_counter() - t0
+    return out | score_ttt(data, ttt, ttt_sets, out)
+
+
+def score_ttt(data: dict, ttt, ttt_sets: list[str], plain_scores: dict) -> dict:
+    """TTT accuracies and the recovered fraction, given the plain accuracies of the same model."""
+    def acc(preds, ys):
+        return float(np.mean(np.asarray(preds) == np.asarray(ys)))
+
+    out = {}
     t0 = time.perf_counter()
     out["acc_ttt"] = acc(ttt(data["corrupted"][0]), data["corrupted"][1])
     n_ttt = len(data["corrupted"][0])
@@ -233,14 +248,19 @@ def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
         out["acc_shift_ttt_by_domain"] = dict(zip(("kitchen", "books"), shift_ttt))
         n_ttt += sum(len(data[d][0]) for d in ("kitchen", "books"))
     out["ttt_samples_per_s"] = n_ttt / (time.perf_counter() - t0)
-    drop = out["acc_clean"] - out["acc_corrupted"]
-    out["recovered_fraction"] = (out["acc_ttt"] - out["acc_corrupted"]) / drop if abs(drop) > 1e-9 else None
+    drop = plain_scores["acc_clean"] - plain_scores["acc_corrupted"]
+    out["recovered_fraction"] = (out["acc_ttt"] - plain_scores["acc_corrupted"]) / drop if abs(drop) > 1e-9 else None
     return out
 
 
 def mean_over(runs: list[dict]) -> dict:
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
     out = {k: float(np.mean([r[k] for r in runs if r.get(k) is not None])) for k in keys}
+    alts = runs[0].get("ttt_alternatives") or {}
+    if alts:
+        out["ttt_alternatives"] = {name: mean_over([r["ttt_alternatives"][name] for r in runs]) for name in alts}
+        for v in out["ttt_alternatives"].values():
+            v.pop("per_seed")
     out["per_seed"] = runs
     return out
 
@@ -268,6 +288,10 @@ def main() -> None:
     p.add_argument("--test-size", type=int, default=400)
     p.add_argument("--shift-size", type=int, default=400)
     p.add_argument("--ttt", nargs="*", default=[], metavar="KEY=VALUE", help="our TTT settings (TTTConfig fields)")
+    p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="our fine-tuning settings (FinetuneConfig fields; epochs/alignment/seed come from the bench)")
+    p.add_argument("--ttt-alternatives", nargs="*", default=[], metavar="K=V[,K=V]",
+                   help="more TTT settings scored on each of our trained models (reported per seed and averaged)")
     p.add_argument("--ttt-sets", nargs="*", default=["clean", "shift"], help="also score TTT on clean / shift")
     p.add_argument("--skip-tutorial", action="store_true")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -280,11 +304,17 @@ def main() -> None:
         args.seeds, args.epochs, args.train_size, args.test_size, args.shift_size = args.seeds[:1], 1, 64, 32, 32
         args.modes = [args.default_mode]
     torch.set_num_threads(args.threads)
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from ttt_pipeline.config import parse_value
     from ttt_pipeline.corruption import tutorial_corrupt
 
     ttt_overrides = {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in args.ttt)}
+    ft_overrides = {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in args.finetune)}
+    alternatives = {alt: {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in alt.split(","))}
+                    for alt in args.ttt_alternatives}
     texts, labels = load_domain("electronics")
     n_train = min(args.train_size, int(0.8 * len(texts)))
     test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
@@ -308,7 +338,8 @@ def main() -> None:
         runs = []
         for s in args.seeds:
             log(f"[bench] ours/{mode} seed {s}")
-            runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours))
+            runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides,
+                                 alternatives))
             log(f"[bench] ours/{mode} seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
         results[f"ours/{mode}"] = mean_over(runs)
     print(table(results))
@@ -321,7 +352,7 @@ def main() -> None:
         "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
         "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
         "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
-                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "threads": args.threads,
+                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides, "threads": args.threads,
                      "quick": args.quick},
         "wall_s": time.perf_counter() - t_all,
     }

@@ -46,8 +46,10 @@ def test_mlm_mask_skips_special_and_padding_and_masks_every_row():
     assert not m[ids == 0].any() and not m[ids == 101].any() and not m[ids == 102].any()
 
 
-@pytest.mark.parametrize("alignment,passes", [("joint", 2), ("joint", 1), ("frozen", 2), ("dapt", 2)])
-def test_training_learns_a_separable_task(alignment, passes, tiny_bert_dir, tmp_path):
+@pytest.mark.parametrize("alignment,passes,precision", [("joint", 2, "auto"), ("joint", 1, "auto"),
+                                                        ("frozen", 2, "auto"), ("dapt", 2, "auto"),
+                                                        ("joint", 1, "bf16")])
+def test_training_learns_a_separable_task(alignment, passes, precision, tiny_bert_dir, tmp_path):
     from datasets import Dataset
 
     from ttt_pipeline.model import build_classifier
@@ -63,7 +65,7 @@ def test_training_learns_a_separable_task(alignment, passes, tiny_bert_dir, tmp_
     ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": labels,
                             "length": [len(x) for x in enc["input_ids"]]})
     cfg = FinetuneConfig(epochs=10, batch_size=8, lr=2e-3, alignment=alignment, joint_passes=passes,
-                         dapt_epochs=1, early_stopping_patience=0, seed=0)
+                         dapt_epochs=1, early_stopping_patience=0, seed=0, precision=precision)
     result = finetune(model, tok, ds, ds, cfg, tmp_path / "work")
     assert len(result.history) == 10
     assert result.history[-1]["val_acc"] == 1.0
@@ -72,3 +74,13 @@ def test_training_learns_a_separable_task(alignment, passes, tiny_bert_dir, tmp_
         assert result.history[-1]["train_mlm_loss"] < np.log(tok.vocab_size)
     if alignment == "dapt":
         assert len(result.dapt_curve) > 0
+
+
+def test_autocast_precision_per_device():
+    from ttt_pipeline.model import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # CPU figures stay fp32
+    assert autocast_dtype(cpu, "bf16") is torch.bfloat16  # opt-in: pays on CPUs with native bf16
+    with pytest.raises(ValueError, match="finetune.precision=fp16 needs a CUDA device"):
+        autocast_dtype(cpu, "fp16")

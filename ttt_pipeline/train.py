@@ -212,7 +212,8 @@ def dapt(model, tokenizer, ds, cfg, device, progress: Progress | None = None) ->
             loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if cfg.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
             curve.append(loss.item())
             if progress:
@@ -299,6 +300,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     joint = cfg.alignment in ("joint", "dapt")
     gen = torch.Generator().manual_seed(cfg.seed + 303)
     amp = autocast_dtype(device, cfg.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)  # fp16 gradients underflow unscaled
     fwd_model = torch.compile(model) if cfg.compile else model
 
     start_epoch, best_f1, bad_epochs = 0, -1.0, 0
@@ -348,11 +350,14 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
                     mlm_sum += m_loss.item()
                     loss = loss + cfg.mlm_weight * m_loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
             if parallel is not None:
                 parallel.sync_gradients(model)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            opt.step()
+            if cfg.max_grad_norm is not None:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            scaler.step(opt)
+            scaler.update()
             sched.step()
             nb += 1
             seen += len(y)

@@ -27,6 +27,7 @@ import yaml
 pytestmark = pytest.mark.browser
 
 from conftest import free_port, listening
+from tiny_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "screenshots"
@@ -185,18 +186,9 @@ def stack(tmp_path_factory, tiny_bert_dir):
     try:
         for s in servers:
             s.wait()
-        cfg = {
-            "data": {"path": str(REPO / "data/demo/reviews.jsonl"), "text_column": "text", "label_column": "rating",
-                     "label_names": ["1", "2", "3", "4", "5"], "max_train_samples": 60, "max_test_samples": 24},
-            "model": {"name": str(tiny_bert_dir), "max_length": 48, "head_hidden": [16]},
-            "finetune": {"epochs": 2, "batch_size": 16, "alignment": "joint", "early_stopping_patience": 0},
-            "corruption": {"families": ["tutorial", "keyboard"], "severities": [2, 4], "seed": 1},
-            "ttt": {"methods": ["none", "masked_ttt"], "batch_size": 8},
-            "tracking": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(tmp / "mlruns"),
-                         "experiment": "ui", "run_name": "ui-run"},
-            "registry": {"model_name": MODEL_NAME},
-            "store": str(tmp / "store"),
-        }
+        cfg = tiny_config(tmp, tiny_bert_dir, "ui", corruption={"severities": [2, 4]},
+                          tracking={"tracking_uri": f"sqlite:///{db}", "run_name": "ui-run"},
+                          registry={"model_name": MODEL_NAME})
         (tmp / "tiny.yaml").write_text(yaml.safe_dump(cfg))
         proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(tmp / "tiny.yaml"),
                                "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)

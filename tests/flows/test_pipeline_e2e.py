@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tiny_config import tiny_config as _tiny_config
 from ttt_pipeline.config import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,17 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_config(tmp: Path, model_dir: Path) -> dict:
-    return {
-        "data": {"path": str(REPO / "data/demo/reviews.jsonl"), "text_column": "text", "label_column": "rating",
-                 "label_names": ["1", "2", "3", "4", "5"], "max_train_samples": 60, "max_test_samples": 24},
-        "model": {"name": str(model_dir), "max_length": 48, "head_hidden": [16]},
-        "finetune": {"epochs": 2, "batch_size": 16, "alignment": "joint", "early_stopping_patience": 0},
-        "corruption": {"families": ["tutorial", "keyboard"], "severities": [1, 3], "seed": 1},
-        "ttt": {"methods": ["none", "masked_ttt"], "batch_size": 8},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "artifact_root": str(tmp / "mlruns"),
-                     "experiment": "e2e"},
-        "store": str(tmp / "store"),
-    }
+    return _tiny_config(tmp, model_dir, "e2e")
 
 
 @pytest.fixture(scope="module")

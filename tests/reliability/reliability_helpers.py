@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from tiny_config import tiny_config as _tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-DEMO = REPO / "data" / "demo" / "reviews.jsonl"
 
 # Loaded by the CLI's interpreter (via PYTHONPATH): at exit it records which modules were imported, which
 # proves a run stopped in preflight: Prefect (and the flow) never loaded.
@@ -31,24 +31,9 @@ if _out:
 
 
 def tiny_config(tmp: Path, model_dir: Path, **sections) -> dict:
-    """The end-to-end test's tiny config (tests/flows/test_pipeline_e2e.py), sections overridable."""
-    cfg = {
-        "data": {"path": str(DEMO), "text_column": "text", "label_column": "rating",
-                 "label_names": ["1", "2", "3", "4", "5"], "max_train_samples": 60, "max_test_samples": 24},
-        "model": {"name": str(model_dir), "max_length": 48, "head_hidden": [16]},
-        "finetune": {"epochs": 2, "batch_size": 16, "alignment": "joint", "early_stopping_patience": 0},
-        "corruption": {"families": ["tutorial"], "severities": [1], "seed": 1},
-        "ttt": {"methods": ["none", "masked_ttt"], "batch_size": 8},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "artifact_root": str(tmp / "mlruns"),
-                     "experiment": "reliability"},
-        "store": str(tmp / "store"),
-    }
-    for name, values in sections.items():
-        if isinstance(values, dict) and isinstance(cfg.get(name), dict):
-            cfg[name] = {**cfg[name], **values}
-        else:
-            cfg[name] = values
-    return cfg
+    """tests/tiny_config.py with one corruption set, sections overridable."""
+    corruption = {"families": ["tutorial"], "severities": [1]} | sections.pop("corruption", {})
+    return _tiny_config(tmp, model_dir, "reliability", corruption=corruption, **sections)
 
 
 @dataclass

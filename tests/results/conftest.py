@@ -5,25 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_config import tiny_config as _tiny_config
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(tmp: Path, model_dir: Path, epochs: int = 1, lr: float = 1e-4, run_name: str | None = None) -> dict:
     """A demo-like configuration on a tiny random BERT and a slice of the demo reviews (about 30 s a run)."""
-    return {
-        "data": {"path": str(REPO / "data/demo/reviews.jsonl"), "text_column": "text", "label_column": "rating",
-                 "label_names": ["1", "2", "3", "4", "5"], "max_train_samples": 80, "max_test_samples": 24},
-        "model": {"name": str(model_dir), "max_length": 48, "head_hidden": [16]},
-        "finetune": {"epochs": epochs, "lr": lr, "batch_size": 16, "alignment": "joint",
-                     "early_stopping_patience": 0},
-        "corruption": {"families": ["tutorial", "keyboard"], "severities": [2, 4], "seed": 1},
-        "ttt": {"methods": ["none", "masked_ttt"], "batch_size": 8},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "artifact_root": str(tmp / "mlruns"),
-                     "experiment": "results", "run_name": run_name},
-        "registry": {"model_name": "tiny-review-classifier", "metric": "acc_ttt"},
-        "store": str(tmp / "store"),
-    }
+    return _tiny_config(tmp, model_dir, "results", data={"max_train_samples": 80},
+                        finetune={"epochs": epochs, "lr": lr}, corruption={"severities": [2, 4]},
+                        tracking={"run_name": run_name},
+                        registry={"model_name": "tiny-review-classifier", "metric": "acc_ttt"})
 
 
 @pytest.fixture(scope="session")
