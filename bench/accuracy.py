@@ -215,10 +215,11 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
 
 
 # ------------------------------------------------------------------------------------------------ scoring
-def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
-    def acc(preds, ys):
-        return float(np.mean(np.asarray(preds) == np.asarray(ys)))
+def acc(preds, ys) -> float:
+    return float(np.mean(np.asarray(preds) == np.asarray(ys)))
 
+
+def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
     out = {}
     t0 = time.perf_counter()
     out["acc_clean"] = acc(plain(data["test"][0]), data["test"][1])
@@ -232,9 +233,6 @@ def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
 
 def score_ttt(data: dict, ttt, ttt_sets: list[str], plain_scores: dict) -> dict:
     """TTT accuracies and the recovered fraction, given the plain accuracies of the same model."""
-    def acc(preds, ys):
-        return float(np.mean(np.asarray(preds) == np.asarray(ys)))
-
     out = {}
     t0 = time.perf_counter()
     out["acc_ttt"] = acc(ttt(data["corrupted"][0]), data["corrupted"][1])
@@ -308,13 +306,12 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from ttt_pipeline.config import parse_value
+    from ttt_pipeline.config import apply_overrides
     from ttt_pipeline.corruption import tutorial_corrupt
 
-    ttt_overrides = {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in args.ttt)}
-    ft_overrides = {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in args.finetune)}
-    alternatives = {alt: {k: parse_value(v) for k, v in (kv.split("=", 1) for kv in alt.split(","))}
-                    for alt in args.ttt_alternatives}
+    ttt_overrides = apply_overrides({}, args.ttt)
+    ft_overrides = apply_overrides({}, args.finetune)
+    alternatives = {alt: apply_overrides({}, alt.split(",")) for alt in args.ttt_alternatives}
     texts, labels = load_domain("electronics")
     n_train = min(args.train_size, int(0.8 * len(texts)))
     test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from ttt_pipeline.config import FinetuneConfig, ModelConfig
+from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.train import WeightedLengthGroupedBatches, class_weights, mlm_mask
 
 
@@ -82,5 +84,7 @@ def test_autocast_precision_per_device():
     cpu = torch.device("cpu")
     assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # CPU figures stay fp32
     assert autocast_dtype(cpu, "bf16") is torch.bfloat16  # opt-in: pays on CPUs with native bf16
-    with pytest.raises(ValueError, match="finetune.precision=fp16 needs a CUDA device"):
-        autocast_dtype(cpu, "fp16")
+    with pytest.raises(ConfigError, match="finetune.precision=fp16 needs a CUDA device"):
+        autocast_dtype(cpu, "fp16")  # device auto on a CPU-only machine: refused before any training
+    with pytest.raises(ValidationError, match="precision fp16 needs device cuda"):
+        FinetuneConfig(device="cpu", precision="fp16")  # explicit: refused at the edge

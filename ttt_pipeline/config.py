@@ -122,6 +122,12 @@ class FinetuneConfig(Section):
     compile: bool = False
     num_workers: int | None = Field(None, ge=0, description="DataLoader workers (default: from the machine).")
 
+    @model_validator(mode="after")
+    def _fp16_needs_cuda(self) -> "FinetuneConfig":
+        if self.device == "cpu" and self.precision == "fp16":
+            raise ValueError("precision fp16 needs device cuda; on CPU use bf16 or fp32")
+        return self
+
 
 class CorruptionConfig(Section):
     families: list[str] = Field(["tutorial"], min_length=1, description="Corruption families to score.")

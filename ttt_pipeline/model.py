@@ -217,12 +217,12 @@ def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype
     """auto: bf16 on CUDA when supported (fp16 otherwise), fp32 on CPU, so CPU numbers match across machines.
     An explicit bf16 also autocasts on CPU: 1.5x faster training steps on a CPU with native bf16 (AVX512-BF16
     or AMX; measured on the 2-core dev machine), slower on one without."""
-    if precision == "fp32" or (device.type != "cuda" and precision == "auto"):
+    if precision == "fp32":
         return None
     if device.type != "cuda":
         if precision == "fp16":
-            raise ValueError("finetune.precision=fp16 needs a CUDA device: use bf16 or fp32 on CPU")
-        return torch.bfloat16
+            raise ConfigError("finetune.precision=fp16 needs a CUDA device", "use bf16 or fp32 on CPU")
+        return torch.bfloat16 if precision == "bf16" else None
     if precision == "fp16":
         return torch.float16
     if precision == "bf16" or torch.cuda.is_bf16_supported():

@@ -257,6 +257,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     0's weights), `parallel.sync_gradients(model)` averages the gradients after each backward."""
     set_threads()
     device = pick_device(cfg.device)
+    amp = autocast_dtype(device, cfg.precision)  # first: an impossible precision fails before any work
     model.to(device)
     torch.manual_seed(cfg.seed)
     work_dir = Path(work_dir)
@@ -299,7 +300,6 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     loss_w = weights.to(device) if cfg.class_weighted_loss else None
     joint = cfg.alignment in ("joint", "dapt")
     gen = torch.Generator().manual_seed(cfg.seed + 303)
-    amp = autocast_dtype(device, cfg.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)  # fp16 gradients underflow unscaled
     fwd_model = torch.compile(model) if cfg.compile else model
 

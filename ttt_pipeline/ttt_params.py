@@ -76,30 +76,6 @@ def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
     return cls(params, lr=lr)
 
 
-class ParamSnapshot:
-    """A copy of some parameters taken once, restored in place (bit-exact) as often as needed."""
-
-    def __init__(self, params: list[nn.Parameter]):
-        self.params = list(params)
-        with torch.no_grad():
-            self.saved = [p.detach().clone() for p in self.params]
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        if not self.params:
-            return
-        if hasattr(torch, "_foreach_copy_"):
-            torch._foreach_copy_([p.data for p in self.params], self.saved)
-        else:  # pragma: no cover - older torch
-            for p, s in zip(self.params, self.saved):
-                p.copy_(s)
-
-    @torch.no_grad()
-    def changed(self) -> list[int]:
-        """Indices of the parameters that differ from the snapshot (for tests and diagnostics)."""
-        return [i for i, (p, s) in enumerate(zip(self.params, self.saved)) if not torch.equal(p, s)]
-
-
 @torch.no_grad()
 def reset_optimizer_state(opt: torch.optim.Optimizer) -> None:
     """Zero Adam/AdamW moments and step counters in place: the next step equals a fresh optimizer's first
