@@ -59,6 +59,26 @@ def preflight(cfg) -> None:
     steps.download(cfg, StepStore(cfg.store))
 
 
+def start_prefect_server() -> None:
+    """Start this process's temporary Prefect server, one process at a time per Prefect home.
+
+    Two runs started together on a fresh home would each migrate the same SQLite database and one server
+    dies with `index ... already exists` (Prefect then retries on another port, after printing the
+    traceback). Prefect keeps one temporary server per process, so the flow reuses the one started here.
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return  # a real server (or none at all, which Prefect reports itself)
+    from filelock import FileLock
+    from prefect.server.api.server import SubprocessASGIServer
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(home / ".ttt-server-start.lock")):
+        SubprocessASGIServer().start()
+
+
 def cmd_run(args) -> int:
     from .config import load_config
     from .report import headline_table
@@ -67,6 +87,7 @@ def cmd_run(args) -> int:
     _env_defaults(Path(cfg.store))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     preflight(cfg)
+    start_prefect_server()
     from flows.pipeline import ttt_pipeline
 
     summary = ttt_pipeline(config=cfg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +44,21 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
         assert (entries[0] / MANIFEST).is_file()
         leftovers = [d.name for d in (store.root / step).iterdir() if d.name.startswith(".")]
         assert not leftovers, (step, leftovers)
+
+
+START = ("from ttt_pipeline.cli import start_prefect_server; start_prefect_server()\n"
+         "from prefect.server.api.server import SubprocessASGIServer; print(SubprocessASGIServer().port)")
+
+
+def test_two_temporary_servers_on_a_fresh_prefect_home_take_turns_migrating(tmp_path):
+    """Unserialised, two servers migrating one fresh SQLite database fail about every second try here
+    (`index ... already exists`, `database is locked`); three fresh homes make a regression visible."""
+    for round_ in range(3):
+        env = {**cli_env(tmp_path / f"round{round_}"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # as `run` sets
+        procs = [subprocess.Popen([sys.executable, "-c", START], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=REPO) for _ in range(2)]
+        results = [p.communicate(timeout=300) for p in procs]
+        for p, (out, err) in zip(procs, results):
+            assert p.returncode == 0, err[-3000:]
+            assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
+            assert int(out.strip().splitlines()[-1]) > 0
