@@ -47,8 +47,10 @@ def _absolute(cfg):
     return cfg
 
 
-def preflight(cfg) -> None:
-    """Everything that can be wrong with the inputs, checked before any training (results are cached)."""
+def preflight(cfg) -> bool:
+    """Everything that can be wrong with the inputs, checked before any training (results are cached).
+
+    Returns whether it built the download step (the flow's download task then finds it cached)."""
     from . import steps
     from .storage import StepStore
     from .tokenize import load_tokenizer
@@ -56,7 +58,7 @@ def preflight(cfg) -> None:
 
     Tracker.from_config(cfg.tracking).check()
     load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
-    steps.download(cfg, StepStore(cfg.store))
+    return not steps.download(cfg, StepStore(cfg.store)).cached
 
 
 def start_prefect_server() -> None:
@@ -86,7 +88,7 @@ def cmd_run(args) -> int:
     cfg = _absolute(load_config(args.config, args.set))
     _env_defaults(Path(cfg.store))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    preflight(cfg)
+    download_built = preflight(cfg)
     start_prefect_server()
     from flows.pipeline import ttt_pipeline
 
@@ -94,7 +96,8 @@ def cmd_run(args) -> int:
     from .tracking import Tracker
 
     print("\n" + headline_table(summary))
-    print(f"cached tasks: {summary['cached_tasks']}/5   wall time: {summary['wall_s']:.1f} s")
+    note = " (download prepared by this run's input check)" if download_built else ""
+    print(f"cached tasks: {summary['cached_tasks']}/5{note}   wall time: {summary['wall_s']:.1f} s")
     print(f"MLflow run {summary['mlflow_run_id']}; open the UI with:\n  {Tracker.from_config(cfg.tracking).ui_command()}")
     if args.json:
         sys.stdout.flush()

@@ -96,5 +96,6 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"mlflow_run_id", "acc_clean", "acc_corrupted", "acc_ttt", "cached_tasks", "wall_s"} <= set(summary)
     assert summary["cached_tasks"] == 5
+    assert "cached tasks: 5/5   wall time" in proc.stdout  # nothing built, so no note about the input check
     assert summary["acc_clean"] == pytest.approx(first["acc_clean"])
     assert "mlflow ui --backend-store-uri" in proc.stdout

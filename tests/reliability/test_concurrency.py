@@ -28,6 +28,8 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0, err[-3000:]
         assert "Traceback" not in err
+    # the input check of exactly one run built the download step (the other waited on its lock), and says so
+    assert sum("(download prepared by this run's input check)" in out for out, _ in results) == 1
     a, b = (json.loads(out.strip().splitlines()[-1]) for out, _ in results)
     for k in HEADLINE:
         assert a[k] == b[k], k
