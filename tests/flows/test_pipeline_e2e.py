@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_config import tiny_config as _tiny_config
+from tiny_config import tiny_config
 from ttt_pipeline.config import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def tiny_config(tmp: Path, model_dir: Path) -> dict:
-    return _tiny_config(tmp, model_dir, "e2e")
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +24,7 @@ def runs(tmp_path_factory, tiny_bert_dir):
     from prefect.testing.utilities import prefect_test_harness
 
     tmp = tmp_path_factory.mktemp("e2e")
-    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir))
+    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, "e2e"))
     with prefect_test_harness(server_startup_timeout=120):
         first = ttt_pipeline(config=cfg)
         second = ttt_pipeline(config=cfg)
@@ -87,7 +83,7 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     """Same config from the CLI in a fresh process: every task from cache, JSON summary on the last line."""
     tmp, _, first, _ = runs
     cfg_file = tmp_path / "tiny.yaml"
-    cfg_file.write_text(yaml.safe_dump(tiny_config(tmp, tiny_bert_dir)))
+    cfg_file.write_text(yaml.safe_dump(tiny_config(tmp, tiny_bert_dir, "e2e")))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(cfg_file),
                            "--set", "finetune.epochs=2", "--json"], capture_output=True, text=True, env=env,

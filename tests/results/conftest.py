@@ -8,7 +8,6 @@ import pytest
 from tiny_config import tiny_config as _tiny_config
 
 
-
 def tiny_config(tmp: Path, model_dir: Path, epochs: int = 1, lr: float = 1e-4, run_name: str | None = None) -> dict:
     """A demo-like configuration on a tiny random BERT and a slice of the demo reviews (about 30 s a run)."""
     return _tiny_config(tmp, model_dir, "results", data={"max_train_samples": 80},
