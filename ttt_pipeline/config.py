@@ -75,6 +75,9 @@ class ModelConfig(Section):
     max_length: int = Field(128, ge=8, le=512, description="Tokens per review (truncation).")
     head_hidden: list[int] = Field([128, 64], description="Hidden sizes of the ELU classification head (tutorial: 128, 64).")
     head_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before each head layer (tutorial: 0).")
+    pooling: Literal["cls", "mean"] = Field(
+        "cls", description="Review vector fed to the head: cls (the tutorial's [CLS] state) or mean (masked mean "
+        "of the token states: what sentence-embedding encoders such as all-MiniLM-L6-v2 were trained with).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safe default).")
 
     @field_validator("head_hidden")
@@ -95,6 +98,9 @@ class FinetuneConfig(Section):
     weighted_sampler: bool = Field(True, description="WeightedRandomSampler over inverse class frequency.")
     class_weighted_loss: bool = Field(True, description="Cross-entropy weighted by inverse class frequency.")
     length_grouping: bool = Field(True, description="Group similar lengths per batch (dynamic padding).")
+    length_group_batches: int = Field(
+        50, ge=2, description="Batches per length-sorted mega-batch when length_grouping is on: fewer keeps "
+        "batches more mixed (less padding saved).")
     alignment: Literal["frozen", "joint", "dapt"] = Field(
         "joint",
         description="How the MLM task stays aligned: frozen (tutorial), joint (CE + mlm_weight*MLM), "

@@ -108,7 +108,7 @@ class MLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """The tutorial's ELU MLP on the [CLS] vector."""
+    """The tutorial's ELU MLP on the pooled vector ([CLS] in the tutorial)."""
 
     def __init__(self, hidden_size: int, num_labels: int, hidden: list[int], dropout: float):
         super().__init__()
@@ -124,6 +124,17 @@ class ClassificationHead(nn.Module):
         return self.net(cls_vec)
 
 
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.Tensor:
+    """One vector per review. Sentence-embedding encoders (all-MiniLM-L6-v2) were trained on the mean of their
+    token states, so their [CLS] state is not a summary; BERT's MLM pre-training leaves either usable."""
+    if how == "cls":
+        return hidden[:, 0]
+    if how == "mean":
+        w = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)
+    raise ValueError(f"unknown pooling {how!r}")
+
+
 @dataclass
 class ModelMeta:
     base_model: str
@@ -135,6 +146,7 @@ class ModelMeta:
     mlm_head_pretrained: bool
     mlm_head_trained: bool = False
     extra: dict = field(default_factory=dict)
+    pooling: str = "cls"  # models saved before pooling was an option used [CLS]
 
 
 class ReviewClassifier(nn.Module):
@@ -155,11 +167,11 @@ class ReviewClassifier(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    def classify_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden[:, 0])
+    def classify_hidden(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(pool(hidden, attention_mask, self.meta.pooling))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.classify_hidden(self.encode(input_ids, attention_mask))
+        return self.classify_hidden(self.encode(input_ids, attention_mask), attention_mask)
 
     def mlm_logits_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits only at `positions` (bool, B x T): the full-vocabulary map is never built."""
@@ -177,6 +189,7 @@ def build_classifier(model_cfg, label_names: list[str]):
         head_dropout=model_cfg.head_dropout,
         max_length=model_cfg.max_length,
         mlm_head_pretrained=has_head,
+        pooling=model_cfg.pooling,
     )
     return ReviewClassifier(mlm_model, meta), tokenizer
 

@@ -290,7 +290,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     weights = class_weights(labels, n)
     sampler = WeightedLengthGroupedBatches(
         weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
-        cfg.seed, grouped=cfg.length_grouping)
+        cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
     if parallel is not None:
         sampler = parallel.shard(sampler, model)
     steps_total = cfg.epochs * len(sampler)
@@ -338,7 +338,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
                 if joint and cfg.joint_passes == 1:
                     mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
                     hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
-                    loss = F.cross_entropy(model.classify_hidden(hidden).float(), y, weight=loss_w)
+                    loss = F.cross_entropy(model.classify_hidden(hidden, am).float(), y, weight=loss_w)
                     m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
                 else:
                     loss = F.cross_entropy(fwd_model(ids, am).float(), y, weight=loss_w)
