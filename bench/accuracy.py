@@ -360,9 +360,8 @@ def main() -> None:
         "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
         "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
         "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
-                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides, "model": model_overrides,
-                     "threads": args.threads,
-                     "quick": args.quick},
+                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides,
+                     "model": model_overrides, "threads": args.threads, "quick": args.quick},
         "wall_s": time.perf_counter() - t_all,
     }
     print(json.dumps(summary, default=float))

@@ -120,8 +120,8 @@ class ClassificationHead(nn.Module):
         layers += [nn.Dropout(dropout), nn.Linear(prev, num_labels)]
         self.net = nn.Sequential(*layers)
 
-    def forward(self, cls_vec: torch.Tensor) -> torch.Tensor:
-        return self.net(cls_vec)
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.net(pooled)
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.Tensor:
