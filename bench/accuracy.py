@@ -170,7 +170,7 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 # ------------------------------------------------------------------------------------------ our pipeline
 def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict, ttt_sets: list[str],
              warmup_max: int, ft_overrides: dict, alternatives: dict[str, dict] | None = None,
-             model_overrides: dict | None = None) -> dict:
+             model_overrides: dict | None = None, unlabeled: list[str] | None = None) -> dict:
     from datasets import Dataset
 
     from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
@@ -190,7 +190,13 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     cfg = FinetuneConfig(**({"mlm_warmup_max_steps": warmup_max} | ft_overrides | {
         "epochs": epochs, "alignment": mode, "seed": seed, "early_stopping_patience": 0}))
     work = REPO / ".cache" / "bench-accuracy" / f"{mode}-{seed}-{os.getpid()}"
-    result = finetune(model, tok, ds, None, cfg, work)
+    extra = None
+    if unlabeled and mode == "dapt":
+        ids = encode_texts(tok, unlabeled, 128)["input_ids"]
+        extra = Dataset.from_dict({"input_ids": ids, "length": [len(x) for x in ids]})
+    t_dapt = time.perf_counter()
+    result = finetune(model, tok, ds, None, cfg, work, unlabeled_ds=extra)
+    t_dapt = time.perf_counter() - t_dapt
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
@@ -209,7 +215,10 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s,
            "mlm_warmup_steps": len(result.warmup_curve),
            "mlm_warmup_final_loss": float(np.mean(result.warmup_curve[-10:])) if result.warmup_curve else None,
-           "final_train_mlm_loss": result.history[-1].get("train_mlm_loss")}
+           "final_train_mlm_loss": result.history[-1].get("train_mlm_loss"),
+           "dapt_steps": len(result.dapt_curve),
+           "dapt_final_loss": float(np.mean(result.dapt_curve[-10:])) if result.dapt_curve else None,
+           "finetune_total_s": t_dapt}
     res |= score_sets(data, plain, ttt_with(ttt_cfg), ttt_sets)
     # other TTT settings on the same trained model (no retraining): a cheap way to compare engines' settings
     res["ttt_alternatives"] = {name: score_ttt(data, ttt_with(TTTConfig(**(ttt_overrides | alt))), ttt_sets, res)
@@ -301,6 +310,9 @@ def main() -> None:
     p.add_argument("--ttt-alternatives", nargs="*", default=[], metavar="K=V[,K=V]",
                    help="more TTT settings scored on each of our trained models (reported per seed and averaged)")
     p.add_argument("--ttt-sets", nargs="*", default=["clean", "shift"], help="also score TTT on clean / shift")
+    p.add_argument("--unlabeled-per-domain", type=int, default=0, metavar="N",
+                   help="dapt mode: also MLM-train on N unlabeled kitchen and N books reviews taken after the shift "
+                        "test rows (never the scored ones)")
     p.add_argument("--skip-tutorial", action="store_true")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
@@ -328,9 +340,11 @@ def main() -> None:
     test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
     data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
             "corrupted": (list(tutorial_corrupt(test_texts, 0.1, 0.1, seed=42).texts), test_labels)}
+    unlabeled = []
     for d in ("kitchen", "books"):
         t, y = load_domain(d)
         data[d] = (t[:args.shift_size], y[:args.shift_size])
+        unlabeled += t[args.shift_size:args.shift_size + args.unlabeled_per_domain]
     warmup_tut = 50 if not args.quick else 5
     warmup_ours = 400 if not args.quick else 10
     t_all = time.perf_counter()
@@ -347,7 +361,7 @@ def main() -> None:
         for s in args.seeds:
             log(f"[bench] ours/{mode} seed {s}")
             runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides,
-                                 alternatives, model_overrides))
+                                 alternatives, model_overrides, unlabeled))
             log(f"[bench] ours/{mode} seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
         results[f"ours/{mode}"] = mean_over(runs)
     print(table(results))
@@ -361,7 +375,8 @@ def main() -> None:
         "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
         "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
                      "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides,
-                     "model": model_overrides, "threads": args.threads, "quick": args.quick},
+                     "model": model_overrides, "threads": args.threads, "quick": args.quick,
+                     "unlabeled_texts": len(unlabeled)},
         "wall_s": time.perf_counter() - t_all,
     }
     print(json.dumps(summary, default=float))

@@ -19,7 +19,8 @@ from .storage import StepOutput, StepStore
 
 Progress = Callable[[str, int, int, dict], None]
 VERSIONS = {"download": "1", "tokenise": "1", "finetune": "1", "corrupt": "2", "corrupt-set": "1", "evaluate": "1"}
-DEVICE_ONLY = {"device", "num_workers", "compile", "precision"}  # do not change results on CPU
+# Settings that do not change a CPU run's results. `precision` is not one: bf16 autocasts on CPU too.
+DEVICE_ONLY = {"device", "num_workers", "compile"}
 
 
 def _v(step: str) -> str:
@@ -70,8 +71,44 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
 
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items() if k not in DEVICE_ONLY}
-    return {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"),
-            "finetune": ft}
+    out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
+    if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
+        from .storage import file_digest, tree_digest
+
+        path = _unlabeled_path(cfg)
+        out["unlabeled"] = tree_digest(path) if path.is_dir() else file_digest(path)
+    return out
+
+
+def _unlabeled_path(cfg: PipelineConfig) -> Path:
+    from .errors import DataError
+
+    path = Path(cfg.finetune.unlabeled_path).expanduser()
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder",
+                        "check finetune.unlabeled_path (a local file or MDSD folder; relative to the current folder)")
+    return path
+
+
+def unlabeled_dataset(cfg: PipelineConfig, tokenizer):
+    """finetune.unlabeled_path's texts (a local file or MDSD folder, data.text_column), tokenised for dapt."""
+    from datasets import Dataset
+
+    from .data.readers import read_local
+    from .errors import DataError
+    from .tokenize import encode_texts
+
+    path = _unlabeled_path(cfg)
+    frame = read_local(path, cfg.data.pt_columns)
+    column = "text" if path.is_dir() else cfg.data.text_column
+    if column not in frame.columns:
+        raise DataError(f"{path}: no column '{column}' (columns: {list(frame.columns)})",
+                        "set data.text_column, or give finetune.unlabeled_path a file with that column")
+    texts = [t for t in frame[column].dropna().astype(str) if t.strip()]
+    if not texts:
+        raise DataError(f"{path}: no non-empty texts in column '{column}'", "check finetune.unlabeled_path")
+    ids = encode_texts(tokenizer, texts, cfg.model.max_length)["input_ids"]
+    return Dataset.from_dict({"input_ids": ids, "length": [len(x) for x in ids]})
 
 
 def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: StepStore,
@@ -97,8 +134,9 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 ft, wd = cfg.finetune.model_copy(update={"batch_size": batch_size}), work / f"oom-batch-{batch_size}"
             torch.manual_seed(cfg.finetune.seed)  # the head's init must not depend on what ran before in this process
             model, tokenizer = build_classifier(cfg.model, names)
+            unlabeled = unlabeled_dataset(cfg, tokenizer) if cfg.finetune.unlabeled_path else None
             return model, tokenizer, train(model, tokenizer, ds["train"], ds["validation"] if "validation" in ds
-                                           else None, ft, wd, progress)
+                                           else None, ft, wd, progress, unlabeled)
 
         (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
         save_model(model.cpu(), tokenizer, tmp / "model")

@@ -374,3 +374,32 @@ def test_build_engine_from_config(env):
         build_engine("nope", model, tok, cfg)
     with pytest.raises(ValueError):
         TTTSettings(params="heads")
+
+
+@pytest.mark.parametrize("precision, dtype", [("auto", torch.float32), ("fp32", torch.float32),
+                                              ("bf16", torch.bfloat16)])
+def test_precision_sets_the_cpu_compute_dtype(env, precision, dtype):
+    """auto and fp32 keep CPU in float32 (parity); bf16 autocasts both the adapt and the prediction passes,
+    gives logits close to fp32 and still restores the source weights bit for bit."""
+    model, tok = env
+    seen = []
+    layer = next(m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
+    hook = layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    before = weights(model)
+    ids, am = batch(tok, TEXTS[:4])
+    try:
+        out = engine(env, precision=precision).predict(ids, am)
+    finally:
+        hook.remove()
+    assert len(seen) == 2 and set(seen) == {dtype}  # one adapt forward, one prediction forward
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, engine(env, precision="fp32").predict(ids, am), atol=5e-2)
+    assert same(before, weights(model))
+
+
+def test_precision_is_validated():
+    with pytest.raises(ValueError, match="precision"):
+        TTTSettings(precision="fp16")
+    with pytest.raises(ValueError, match="precision"):
+        TTTConfig(precision="fp16")
+    assert settings_from_config(TTTConfig(precision="bf16")).precision == "bf16"
