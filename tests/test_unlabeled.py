@@ -39,11 +39,12 @@ def test_unlabeled_path_needs_dapt(tmp_path, tiny_bert_dir):
 
 def test_unlabeled_texts_are_read_tokenised_and_key_the_model(tmp_path, tiny_bert_dir):
     from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.tokenize import lengths_dataset
 
     path = write_jsonl(tmp_path / "u.jsonl", TEXTS + ["", "   "])
     cfg = dapt_config(tmp_path, tiny_bert_dir, path)
     _, tok = build_classifier(cfg.model, ["a", "b"])
-    ds = steps.unlabeled_dataset(cfg, tok)
+    ds = lengths_dataset(tok, steps.unlabeled_texts(cfg), cfg.model.max_length)
     assert len(ds) == 4  # blank texts dropped
     assert ds["length"] == [len(tok(t)["input_ids"]) for t in TEXTS]
     assert ds["input_ids"][0][0] == tok.cls_token_id
@@ -58,7 +59,7 @@ def test_unlabeled_texts_are_read_tokenised_and_key_the_model(tmp_path, tiny_ber
         steps.finetune_inputs(dapt_config(tmp_path, tiny_bert_dir, tmp_path / "missing.jsonl"), up, up)
     other = write_jsonl(tmp_path / "v.jsonl", TEXTS, column="body")
     with pytest.raises(DataError, match="no column 'text'"):
-        steps.unlabeled_dataset(dapt_config(tmp_path, tiny_bert_dir, other), tok)
+        steps.unlabeled_texts(dapt_config(tmp_path, tiny_bert_dir, other))
 
 
 def test_dapt_may_be_followed_by_plain_epochs_joint_may_not(tmp_path, tiny_bert_dir):

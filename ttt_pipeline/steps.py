@@ -37,8 +37,8 @@ def download_inputs(cfg: PipelineConfig) -> dict:
 
     d = cfg.data
     return {"data": d.model_dump(mode="json"), "source": source_fingerprint(d.path),
-            "test_source": source_fingerprint(d.test_path) if d.test_path else None,
-            "shift": {k: source_fingerprint(v) for k, v in sorted(d.shift.items())}}
+            "test_source": source_fingerprint(d.test_path, "data.test_path") if d.test_path else None,
+            "shift": {k: source_fingerprint(v, f"data.shift.{k}") for k, v in sorted(d.shift.items())}}
 
 
 def download(cfg: PipelineConfig, store: StepStore) -> StepOutput:
@@ -73,33 +73,20 @@ def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items() if k not in DEVICE_ONLY}
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
-        from .storage import file_digest, tree_digest
+        from .data.sources import source_fingerprint
 
-        path = _unlabeled_path(cfg)
-        out["unlabeled"] = tree_digest(path) if path.is_dir() else file_digest(path)
+        out["unlabeled"] = source_fingerprint(cfg.finetune.unlabeled_path, "finetune.unlabeled_path")
     return out
 
 
-def _unlabeled_path(cfg: PipelineConfig) -> Path:
+def unlabeled_texts(cfg: PipelineConfig) -> list[str]:
+    """finetune.unlabeled_path's non-blank texts: a local file (column data.text_column) or an MDSD folder
+    (whose reader names the column `text`)."""
+    from .data.readers import read_local
     from .errors import DataError
 
     path = Path(cfg.finetune.unlabeled_path).expanduser()
-    if not path.exists():
-        raise DataError(f"{path}: no such file or folder",
-                        "check finetune.unlabeled_path (a local file or MDSD folder; relative to the current folder)")
-    return path
-
-
-def unlabeled_dataset(cfg: PipelineConfig, tokenizer):
-    """finetune.unlabeled_path's texts (a local file or MDSD folder, data.text_column), tokenised for dapt."""
-    from datasets import Dataset
-
-    from .data.readers import read_local
-    from .errors import DataError
-    from .tokenize import encode_texts
-
-    path = _unlabeled_path(cfg)
-    frame = read_local(path, cfg.data.pt_columns)
+    frame = read_local(path, cfg.data.pt_columns, "finetune.unlabeled_path")
     column = "text" if path.is_dir() else cfg.data.text_column
     if column not in frame.columns:
         raise DataError(f"{path}: no column '{column}' (columns: {list(frame.columns)})",
@@ -107,8 +94,7 @@ def unlabeled_dataset(cfg: PipelineConfig, tokenizer):
     texts = [t for t in frame[column].dropna().astype(str) if t.strip()]
     if not texts:
         raise DataError(f"{path}: no non-empty texts in column '{column}'", "check finetune.unlabeled_path")
-    ids = encode_texts(tokenizer, texts, cfg.model.max_length)["input_ids"]
-    return Dataset.from_dict({"input_ids": ids, "length": [len(x) for x in ids]})
+    return texts
 
 
 def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: StepStore,
@@ -124,9 +110,12 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
     work = store.root / "finetune" / f"{StepStore.key('finetune', inputs, _v('finetune'))}.work"
 
     def build(tmp: Path) -> dict:
+        from .tokenize import lengths_dataset
+
         label_names = json.loads((Path(data.path) / "labels.json").read_text())
         names = [label_names[str(i)] for i in range(len(label_names))]
         ds = load_from_disk(str(Path(tokens.path) / "dataset"))
+        extra_texts = unlabeled_texts(cfg) if cfg.finetune.unlabeled_path else None  # read once, not per attempt
 
         def attempt(batch_size: int):
             ft, wd = cfg.finetune, work
@@ -134,7 +123,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 ft, wd = cfg.finetune.model_copy(update={"batch_size": batch_size}), work / f"oom-batch-{batch_size}"
             torch.manual_seed(cfg.finetune.seed)  # the head's init must not depend on what ran before in this process
             model, tokenizer = build_classifier(cfg.model, names)
-            unlabeled = unlabeled_dataset(cfg, tokenizer) if cfg.finetune.unlabeled_path else None
+            unlabeled = lengths_dataset(tokenizer, extra_texts, cfg.model.max_length) if extra_texts else None
             return model, tokenizer, train(model, tokenizer, ds["train"], ds["validation"] if "validation" in ds
                                            else None, ft, wd, progress, unlabeled)
 

@@ -40,6 +40,14 @@ def encode_texts(tokenizer, texts: list[str], max_length: int) -> dict:
     return tokenizer(list(texts), truncation=True, max_length=max_length, padding=False)
 
 
+def lengths_dataset(tokenizer, texts: list[str], max_length: int, **columns):
+    """A Dataset of input_ids and length (what the training samplers read), plus any given columns."""
+    from datasets import Dataset
+
+    ids = encode_texts(tokenizer, texts, max_length)["input_ids"]
+    return Dataset.from_dict({"input_ids": ids, "length": [len(x) for x in ids], **columns})
+
+
 def tokenize_dataset(dataset_dict, tokenizer, max_length: int, out_dir: Path) -> dict:
     """Adds input_ids, attention_mask and length to every split; saves to out_dir/dataset."""
 

@@ -125,6 +125,20 @@ def mlm_loss(model: ReviewClassifier, input_ids, attention_mask, mask, mask_toke
     return F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), input_ids[mask])
 
 
+def optimizer_step(loss, opt, scaler, params, max_grad_norm: float | None, sync=None) -> None:
+    """One step: backward (scaled: fp16 gradients underflow unscaled; a no-op scaler otherwise), the
+    data-parallel gradient `sync`, optional clipping of the unscaled gradients, then the optimizer."""
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if sync is not None:
+        sync()
+    if max_grad_norm is not None:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    scaler.step(opt)
+    scaler.update()
+
+
 @dataclass
 class TrainResult:
     history: list[dict] = field(default_factory=list)
@@ -215,13 +229,7 @@ def dapt(model, tokenizer, ds, cfg, device, progress: Progress | None = None,
             mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.max_grad_norm is not None:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            scaler.step(opt)
-            scaler.update()
+            optimizer_step(loss, opt, scaler, params, cfg.max_grad_norm)
             curve.append(loss.item())
             if progress:
                 progress("dapt", len(curve), total, {"mlm_loss": curve[-1]})
@@ -356,15 +364,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
                 if joint:
                     mlm_sum += m_loss.item()
                     loss = loss + cfg.mlm_weight * m_loss
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if parallel is not None:
-                parallel.sync_gradients(model)
-            if cfg.max_grad_norm is not None:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            scaler.step(opt)
-            scaler.update()
+            optimizer_step(loss, opt, scaler, model.parameters(), cfg.max_grad_norm,
+                           None if parallel is None else lambda: parallel.sync_gradients(model))
             sched.step()
             nb += 1
             seen += len(y)

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .model import autocast_dtype
 from .ttt_params import (OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state,
                          select_parameters)
 
@@ -207,15 +208,6 @@ def normalized_entropy(logits: torch.Tensor) -> float:
     return float(ent) / math.log(max(2, logits.shape[-1]))
 
 
-def _autocast(device: torch.device, precision: str = "auto"):
-    """auto: bf16 autocast on CUDA (fp16 where bf16 is unsupported), none on CPU; bf16: autocast on any
-    device; fp32: none."""
-    from .model import autocast_dtype
-
-    dtype = autocast_dtype(device, precision)
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
 class EpisodicEngine:
     """Shared machinery: units, sub-batches, adapt-predict-restore, online mode with the guard, statistics.
 
@@ -248,6 +240,8 @@ class EpisodicEngine:
         self.flat = FlatParams(self.params)
         self.opt = make_optimizer(self.flat.flat, settings.optimizer, lr)
         self.device = self.params[0].device
+        # auto: bf16 on CUDA (fp16 where bf16 is unsupported), none on CPU; bf16: any device; fp32: none
+        self.amp = autocast_dtype(self.device, settings.precision)
         sub = settings.sub_batch_tokens
         self.sub_batch_tokens = 0 if sub is None else int(sub)
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,
@@ -255,6 +249,9 @@ class EpisodicEngine:
                       if settings.online and settings.guard else None)
         self.stats = {"units": 0, "steps": 0, "resets": 0, "loss_sum": 0.0, "loss_n": 0}
         self.reset_reasons: list[str] = []
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else nullcontext()
 
     # -- episodes -------------------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -337,7 +334,7 @@ class EpisodicEngine:
                 total, any_part = 0.0, False
                 for rows in parts:
                     ids, am = self._slice(input_ids, attention_mask, rows)
-                    with _autocast(self.device, self.s.precision):
+                    with self._autocast():
                         loss = self.chunk_loss(ids, am, rows, ctx)
                     if loss is None:
                         continue
@@ -363,7 +360,7 @@ class EpisodicEngine:
     def forward_nograd(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Class logits under inference_mode, sub-batch by sub-batch, back in the input's row order."""
         parts = self.chunks(attention_mask)
-        with torch.inference_mode(), _autocast(self.device, self.s.precision):
+        with torch.inference_mode(), self._autocast():
             if len(parts) == 1:
                 ids, am = self._slice(input_ids, attention_mask, parts[0])
                 logits = self.model(ids, am).float()

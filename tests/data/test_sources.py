@@ -88,3 +88,15 @@ def test_hub_failure_names_source(monkeypatch, tmp_path):
     with pytest.raises(DownloadError) as exc:
         load_source("hf://amazon_polarity", tmp_path, ["text"])
     assert "hf://amazon_polarity" in exc.value.message and "offline" in exc.value.hint
+
+
+def test_missing_local_source_names_its_config_field(tmp_path):
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.data.sources import source_fingerprint
+
+    with pytest.raises(DataError, match="check data.path"):
+        source_fingerprint(str(tmp_path / "nope.csv"))
+    cfg = PipelineConfig(data=DataConfig(shift={"kitchen": str(tmp_path / "gone")}))
+    with pytest.raises(DataError, match=r"check data\.shift\.kitchen"):
+        steps.download_inputs(cfg)

@@ -169,11 +169,11 @@ def read_pt(path: Path, columns: list[str]) -> pd.DataFrame:
                     "give a list of (text, label, ...) tuples or a dict of columns")
 
 
-def read_mdsd_folder(folder: Path) -> pd.DataFrame:
+def read_mdsd_folder(folder: Path, field: str = "data.path") -> pd.DataFrame:
     """Multi-Domain Sentiment `.review` XML files; HTML entities in the text are unescaped."""
     files = sorted(folder.glob("*.review"))
     if not files:
-        raise DataError(f"{folder}: no .review files", "point data.path at an MDSD domain folder")
+        raise DataError(f"{folder}: no .review files", f"point {field} at an MDSD domain folder")
     rows = []
     for f in files:
         try:
@@ -193,12 +193,13 @@ def read_mdsd_folder(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def read_local(path: Path, pt_columns: list[str]) -> pd.DataFrame:
+def read_local(path: Path, pt_columns: list[str], field: str = "data.path") -> pd.DataFrame:
+    """One local file or MDSD folder as a frame; `field` names the config field in error hints."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file or folder", "check data.path (relative paths start at the current folder)")
+        raise DataError(f"{path}: no such file or folder", f"check {field} (relative paths start at the current folder)")
     if path.is_dir():
-        return read_mdsd_folder(path)
+        return read_mdsd_folder(path, field)
     suffix = path.suffix.lower()
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty", "give a file with reviews")

@@ -106,12 +106,13 @@ def load_source(text: str, raw_dir: Path, pt_columns: list[str], sha256: str | N
     return {"all": frame}, (tree_digest(path) if path.is_dir() else file_digest(path))
 
 
-def source_fingerprint(text: str) -> str:
-    """Cheap identity of a source for cache keys, before any download: content digest for local paths."""
+def source_fingerprint(text: str, field: str = "data.path") -> str:
+    """Cheap identity of a source for cache keys, before any download: content digest for local paths.
+    `field` names the config field in the error of a missing path."""
     src = Source.parse(text)
     if src.kind != "local":
         return text
     path = Path(src.ref).expanduser().resolve()
     if not path.exists():
-        raise DataError(f"{path}: no such file or folder", "check data.path (relative paths start at the current folder)")
+        raise DataError(f"{path}: no such file or folder", f"check {field} (relative paths start at the current folder)")
     return tree_digest(path) if path.is_dir() else file_digest(path)
