@@ -102,3 +102,44 @@ def test_autocast_precision_per_device():
         autocast_dtype(cpu, "fp16")  # device auto on a CPU-only machine: refused before any training
     with pytest.raises(ValidationError, match="precision fp16 needs device cuda"):
         FinetuneConfig(device="cpu", precision="fp16")  # explicit: refused at the edge
+
+
+def test_single_pass_joint_pools_over_unmasked_tokens_only(tiny_bert_dir, tmp_path, monkeypatch):
+    """One pass classifies the masked copy: the [MASK] states (absent from clean test inputs) stay out of the
+    pooled vector, and every real token that was not masked stays in."""
+    from datasets import Dataset
+
+    from ttt_pipeline.model import ReviewClassifier, build_classifier
+    from ttt_pipeline.train import finetune
+
+    torch.manual_seed(0)
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8], pooling="mean"),
+                                  ["neg", "pos"])
+    texts = ["great excellent love it a lot", "awful broken terrible waste of money"] * 4
+    enc = tok(texts, truncation=True, max_length=16)
+    ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0] * 4,
+                            "length": [len(x) for x in enc["input_ids"]]})
+    seen = []
+    real_encode, real_classify = ReviewClassifier.encode, ReviewClassifier.classify_hidden
+
+    def encode(self, ids, am):
+        seen.append({"ids": ids.clone(), "am": am.clone()})
+        return real_encode(self, ids, am)
+
+    def classify(self, hidden, am):
+        seen[-1]["pool_mask"] = am.clone()
+        return real_classify(self, hidden, am)
+
+    monkeypatch.setattr(ReviewClassifier, "encode", encode)
+    monkeypatch.setattr(ReviewClassifier, "classify_hidden", classify)
+    cfg = FinetuneConfig(epochs=1, batch_size=4, lr=1e-3, alignment="joint", joint_passes=1, mlm_prob=0.3,
+                         early_stopping_patience=0, seed=0, mlm_warmup_max_steps=0)
+    finetune(model, tok, ds, None, cfg, tmp_path / "work")
+    steps = [s for s in seen if "pool_mask" in s]
+    assert steps and all(s["ids"].shape == s["pool_mask"].shape for s in steps)
+    masked = torch.cat([(s["ids"] == tok.mask_token_id).flatten() for s in steps])
+    pooled = torch.cat([s["pool_mask"].bool().flatten() for s in steps])
+    real = torch.cat([s["am"].bool().flatten() for s in steps])
+    assert masked.sum() > 0
+    assert not (pooled & masked).any()  # no [MASK] state in the pooled mean
+    assert torch.equal(pooled, real & ~masked)  # every unmasked real token is in it

@@ -110,7 +110,8 @@ class FinetuneConfig(Section):
                               "classification-only epochs after the MLM stage).")
     joint_passes: Literal[1, 2] = Field(
         2, description="Joint training forwards per step: 2 = classify the clean batch and run MLM on a masked "
-        "copy; 1 = classify the masked copy too (one pass: faster, masking acts as token dropout).")
+        "copy; 1 = classify the masked copy too, pooling over its unmasked tokens (one pass: faster, masking "
+        "acts as token dropout).")
     mlm_prob: float = Field(0.15, gt=0, lt=1, description="Masking rate of MLM training.")
     mlm_warmup_max_steps: int = Field(400, ge=0, description="Cap of the MLM-head warm-up (head-less encoders).")
     mlm_warmup_lr: float = Field(1e-3, gt=0)

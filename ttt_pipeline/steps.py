@@ -18,7 +18,7 @@ from .config import PipelineConfig
 from .storage import StepOutput, StepStore
 
 Progress = Callable[[str, int, int, dict], None]
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "1", "corrupt": "2", "corrupt-set": "1", "evaluate": "1"}
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "1"}
 # Settings that do not change a CPU run's results. `precision` is not one: bf16 autocasts on CPU too.
 DEVICE_ONLY = {"device", "num_workers", "compile"}
 

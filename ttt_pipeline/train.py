@@ -353,7 +353,10 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
                 if joint and cfg.joint_passes == 1:
                     mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
                     hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
-                    loss = F.cross_entropy(model.classify_hidden(hidden, am).float(), y, weight=loss_w)
+                    # the classifier pools over the unmasked tokens only: mean pooling would otherwise average in
+                    # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
+                    logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
+                    loss = F.cross_entropy(logits.float(), y, weight=loss_w)
                     m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
                 else:
                     loss = F.cross_entropy(fwd_model(ids, am).float(), y, weight=loss_w)
@@ -391,7 +394,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
         else:
             bad_epochs += 1
         result.history.append(row)
-        log.info("epoch %d: %s", epoch + 1, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        log.info("epoch %d: %s", epoch + 1,  # 4 significant digits: a late-schedule lr (2.5e-05) is not 0.0
+                 {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()})
         atomic_write_text(work_dir / "state.json", json.dumps({  # atomic: a kill never leaves half a file
             "history": result.history, "warmup": result.warmup_curve, "dapt": result.dapt_curve,
             "best_epoch": result.best_epoch, "mlm_head_trained": model.meta.mlm_head_trained}))
