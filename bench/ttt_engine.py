@@ -105,9 +105,16 @@ def read_reviews(path: Path) -> list[tuple[str, int]]:
     return out
 
 
-def load_splits(quick: bool) -> dict[str, tuple[list[str], list[int]]]:
-    rows = read_reviews(DATA / "positive.review") + read_reviews(DATA / "negative.review")
+def domain_rows(domain: str) -> list[tuple[str, int]]:
+    """One MDSD domain's rated reviews, shuffled with seed 42 (every split and set here starts from it)."""
+    rows = read_reviews(DATA.parent / domain / "positive.review") + read_reviews(
+        DATA.parent / domain / "negative.review")
     random.Random(42).shuffle(rows)
+    return rows
+
+
+def load_splits(quick: bool) -> dict[str, tuple[list[str], list[int]]]:
+    rows = domain_rows(DATA.name)
     cut = int(len(rows) * 0.8)
     train, test = rows[:cut], rows[cut:]
     train, dev = train[:-200], train[-200:]
@@ -143,17 +150,12 @@ def unlabeled_texts(quick: bool) -> list[str]:
     return out
 
 
-def domain_rows(domain: str) -> list[tuple[str, int]]:
-    rows = read_reviews(DATA.parent / domain / "positive.review") + read_reviews(
-        DATA.parent / domain / "negative.review")
-    random.Random(42).shuffle(rows)
-    return rows
-
-
 def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool) -> None:
     """Quick recipe: MLM-head warm-up (encoder frozen), dapt, then joint CE + 0.5 x MLM (see the module doc)."""
     from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, save_model, special_token_ids
+    from ttt_pipeline.train import optimizer_step
 
+    no_scaler = torch.amp.GradScaler("cpu", enabled=False)  # optimizer_step's scaler slot: a no-op here
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     mlm, tok, has_head = load_pretrained(BASE_MODEL)
@@ -218,10 +220,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
     for step, (ids, am, _) in enumerate(batches(dapt_epochs, dapt_enc)):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = masked_pass(ids, am)[1]
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(loss, opt, no_scaler, model.parameters(), 1.0)
         sched.step()
         if step % 25 == 0 or step == dapt_total - 1:
             log(f"[train] dapt step {step}/{dapt_total} mlm {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
@@ -240,11 +239,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
     for step, (ids, am, idx) in enumerate(batches(epochs)):
         hidden, ml = masked_pass(ids, am)
         ce = F.cross_entropy(model.classify_hidden(hidden, am), y_all[idx], weight=weights)
-        loss = ce + 0.5 * ml
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(ce + 0.5 * ml, opt, no_scaler, model.parameters(), 1.0)
         sched.step()
         if step % 10 == 0:
             log(f"[train] joint step {step}/{total} ce {ce.item():.3f} mlm {ml.item():.3f} "
