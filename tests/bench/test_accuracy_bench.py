@@ -22,7 +22,7 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["ours_mode"] == "frozen" and out["settings"]["quick"] is True
+    assert out["ours_mode"] == "joint" and out["settings"]["quick"] is True
     assert out["settings"]["finetune"] == {"joint_passes": 1}
     for side in ("tutorial", "ours"):
         for k in KEYS:
