@@ -430,6 +430,10 @@ def main() -> None:
         args.rss_batches = 1 if args.quick else 3
     if args.rss_worker:
         return rss_worker(args)
+    if not (DATA / "positive.review").is_file():
+        print(f"SKIP: MDSD reviews not found at {DATA} (see ../shared/data/README.md)")
+        print(json.dumps({"skipped": True, "reason": f"no data at {DATA}"}))
+        return None
 
     torch.set_num_threads(THREADS)
     from ttt_pipeline.model import special_token_ids
