@@ -232,12 +232,11 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     res["selection_ttt"] = {name: acc(ttt_with(TTTConfig(**c))(sel_texts), sel_labels) for name, c in candidates.items()}
     chosen = max(candidates, key=lambda n: res["selection_ttt"][n])  # ties: the earlier (default first)
     res["ttt_selected"] = chosen
-    res |= score_sets(data, plain, ttt_with(TTTConfig(**candidates[chosen])), ttt_sets)
-    plain_scores = {k: res[k] for k in ("acc_clean", "acc_corrupted")}
-    res["ttt_alternatives"] = {"default": ({k: res[k] for k in ("acc_ttt", "recovered_fraction", "acc_clean_ttt",
-                                                                 "acc_shift_ttt", "ttt_samples_per_s") if k in res}
-                                           if chosen == "default" else
-                                           score_ttt(data, ttt_with(TTTConfig(**ttt_overrides)), ttt_sets, plain_scores))}
+    res |= score_plain(data, plain)
+    chosen_scores = score_ttt(data, ttt_with(TTTConfig(**candidates[chosen])), ttt_sets, res)
+    res |= chosen_scores
+    res["ttt_alternatives"] = {"default": chosen_scores if chosen == "default" else
+                               score_ttt(data, ttt_with(ttt_cfg), ttt_sets, res)}
     return res
 
 
@@ -246,7 +245,7 @@ def acc(preds, ys) -> float:
     return float(np.mean(np.asarray(preds) == np.asarray(ys)))
 
 
-def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
+def score_plain(data: dict, plain) -> dict:
     out = {}
     t0 = time.perf_counter()
     out["acc_clean"] = acc(plain(data["test"][0]), data["test"][1])
@@ -255,6 +254,11 @@ def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
     out["acc_shift"] = float(np.mean(shift))
     out["acc_shift_by_domain"] = dict(zip(("kitchen", "books"), shift))
     out["eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
+    out = score_plain(data, plain)
     return out | score_ttt(data, ttt, ttt_sets, out)
 
 
@@ -298,6 +302,7 @@ def table(rows: dict[str, dict]) -> str:
             "acc_shift", "acc_shift_ttt"]
     head = f"{'recipe':<16}" + "".join(f"{c.replace('acc_', ''):>16}" for c in cols)
     lines = [head, "-" * len(head)]
+
     def line(name: str, r: dict) -> str:
         return f"{name:<16}" + "".join(f"{r.get(c) if r.get(c) is not None else float('nan'):>16.3f}" for c in cols)
 
@@ -371,8 +376,11 @@ def main() -> None:
     texts, labels = load_domain("electronics")
     n_train = min(args.train_size, int(0.8 * len(texts)))
     test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
+    def corrupt(texts_: list[str]) -> list[str]:  # the tutorial composite, seed 42: every corrupted set alike
+        return list(tutorial_corrupt(texts_, 0.1, 0.1, seed=42).texts)
+
     data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
-            "corrupted": (list(tutorial_corrupt(test_texts, 0.1, 0.1, seed=42).texts), test_labels)}
+            "corrupted": (corrupt(test_texts), test_labels)}
     unlabeled, sel_texts, sel_labels = [], [], []
     for d in ("kitchen", "books"):
         t, y = load_domain(d)
@@ -382,7 +390,7 @@ def main() -> None:
         sel_texts += t[start:start + args.selection_size]
         sel_labels += y[start:start + args.selection_size]
     if sel_texts:
-        data["selection"] = (list(tutorial_corrupt(sel_texts, 0.1, 0.1, seed=42).texts), sel_labels)
+        data["selection"] = (corrupt(sel_texts), sel_labels)
     warmup_tut = 50 if not args.quick else 5
     warmup_ours = 400 if not args.quick else 10
     t_all = time.perf_counter()
