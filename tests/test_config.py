@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.config import PipelineConfig, load_config
+from ttt_pipeline.config import PipelineConfig, apply_overrides, load_config
 from ttt_pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +34,15 @@ def test_overrides_are_typed():
                                "data.max_test_samples=null", "data.path=x.csv"])
     assert cfg.finetune.epochs == 2 and cfg.ttt.lr == 1e-4 and cfg.corruption.severities == [1, 5]
     assert cfg.data.max_test_samples is None and cfg.data.path == "x.csv"
+
+
+
+@pytest.mark.parametrize("raw,value", [("1e-4", 1e-4), ("3E5", 3e5), ("-2e+3", -2e3), ("1.5e-3", 1.5e-3),
+                                       ("3", 3), ("e5", "e5"), ("1e-4x", "1e-4x"), ("[1e-5, 2]", [1e-5, 2])])
+def test_override_values_get_the_type_the_config_uses(raw, value):
+    # YAML 1.1 (PyYAML) reads `1e-4` as a string: the echo in run parameters must be the float
+    got = apply_overrides({}, [f"ttt.lr={raw}"])["ttt"]["lr"]
+    assert got == value and type(got) is type(value)
 
 
 @pytest.mark.parametrize("overrides,field", [

@@ -7,6 +7,7 @@ names the field and the fix.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -259,12 +260,30 @@ def _format_errors(err: ValidationError, origin: str) -> str:
     return f"invalid configuration from {origin}: " + "; ".join(lines)
 
 
+# YAML 1.2 floats PyYAML leaves as strings: 1e-4, 3E5, -2e+3
+FLOAT_1_2 = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_value(raw: str) -> Any:
-    """`--set k=v` values are YAML scalars/lists, so `3`, `1e-4`, `[a, b]` and `null` get their types."""
+    """`--set k=v` values are YAML scalars/lists, so `3`, `1e-4`, `[a, b]` and `null` get their types.
+
+    PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string: such numbers are converted here, so the value
+    echoed in run parameters is the float the config uses.
+    """
     try:
-        return yaml.safe_load(raw)
+        return yaml_1_2_floats(yaml.safe_load(raw))
     except yaml.YAMLError:
         return raw
+
+
+def yaml_1_2_floats(value: Any) -> Any:
+    if isinstance(value, str) and FLOAT_1_2.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, list):
+        return [yaml_1_2_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: yaml_1_2_floats(v) for k, v in value.items()}
+    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

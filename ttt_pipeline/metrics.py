@@ -30,6 +30,10 @@ def summarize(y_true, y_pred, n: int) -> dict:
 
 
 def recovered_fraction(clean: float, corrupted: float, ttt: float) -> float | None:
-    """Share of the corruption-induced drop that TTT wins back; None when there is no drop."""
+    """Share of the corruption-induced drop that TTT wins back.
+
+    None when corruption did not lower accuracy (clean <= corrupted): there is nothing to win back, and the
+    ratio's sign would flip (the demo once printed -1.000 for a TTT gain on a negative drop).
+    """
     drop = clean - corrupted
-    return None if abs(drop) < 1e-12 else (ttt - corrupted) / drop
+    return None if drop < 1e-12 else (ttt - corrupted) / drop
