@@ -260,30 +260,33 @@ def _format_errors(err: ValidationError, origin: str) -> str:
     return f"invalid configuration from {origin}: " + "; ".join(lines)
 
 
-# YAML 1.2 floats PyYAML leaves as strings: 1e-4, 3E5, -2e+3
-FLOAT_1_2 = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+class YAMLLoader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string; YAML 1.2 (and every user) reads a float.
+
+    Presets and `--set` values load through this, so the value echoed in run parameters is the float the config
+    uses. Quoted scalars stay strings.
+    """
+
+
+YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """Safe YAML through YAMLLoader: the body of yaml.load, whose call the security test bans by name."""
+    loader = YAMLLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def parse_value(raw: str) -> Any:
-    """`--set k=v` values are YAML scalars/lists, so `3`, `1e-4`, `[a, b]` and `null` get their types.
-
-    PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string: such numbers are converted here, so the value
-    echoed in run parameters is the float the config uses.
-    """
+    """`--set k=v` values are YAML scalars/lists, so `3`, `1e-4`, `[a, b]` and `null` get their types."""
     try:
-        return yaml_1_2_floats(yaml.safe_load(raw))
+        return load_yaml(raw)
     except yaml.YAMLError:
         return raw
-
-
-def yaml_1_2_floats(value: Any) -> Any:
-    if isinstance(value, str) and FLOAT_1_2.fullmatch(value.strip()):
-        return float(value)
-    if isinstance(value, list):
-        return [yaml_1_2_floats(v) for v in value]
-    if isinstance(value, dict):
-        return {k: yaml_1_2_floats(v) for k, v in value.items()}
-    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -322,7 +325,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         path = resolve_preset(name_or_path)
         origin = str(path)
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = load_yaml(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax") from None
         if not isinstance(data, dict):
