@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.config import PipelineConfig, apply_overrides, load_config
+from ttt_pipeline.config import PipelineConfig, apply_overrides, dump_yaml, load_config, load_yaml
 from ttt_pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +44,16 @@ def test_override_values_get_the_type_the_config_uses(raw, value):
     # YAML 1.1 (PyYAML) reads `1e-4` as a string: the echo in run parameters must be the float
     got = apply_overrides({}, [f"ttt.lr={raw}"])["ttt"]["lr"]
     assert got == value and type(got) is type(value)
+
+
+
+def test_a_dumped_config_loads_back_with_float_like_labels(tmp_path):
+    cfg = load_config("demo", ['data.label_names=["1e3", "2"]', "ttt.lr=1e-4"])
+    text = dump_yaml(cfg.model_dump(mode="json"))
+    assert load_yaml(text)["data"]["label_names"] == ["1e3", "2"]
+    (tmp_path / "c.yaml").write_text(text)
+    again = load_config(str(tmp_path / "c.yaml"), [])
+    assert again.data.label_names == ["1e3", "2"] and again.ttt.lr == 1e-4
 
 
 @pytest.mark.parametrize("overrides,field", [

@@ -106,15 +106,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from .config import PipelineConfig, load_config
+    from .config import PipelineConfig, dump_yaml, load_config
 
     if args.schema:
         print(json.dumps(PipelineConfig.model_json_schema(), indent=2))
         return 0
     cfg = load_config(args.config, args.set)
-    import yaml
-
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    print(dump_yaml(cfg.model_dump(mode="json")))
     return 0
 
 

@@ -268,8 +268,17 @@ class YAMLLoader(yaml.SafeLoader):
     """
 
 
-YAMLLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
+class YAMLDumper(yaml.SafeDumper):
+    """Quotes the strings YAMLLoader would read as floats (a label "1e3"), so a dumped config loads back."""
+
+
+FLOAT_1_2 = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+for _cls in (YAMLLoader, YAMLDumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_1_2, list("-+0123456789."))
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=YAMLDumper, sort_keys=False)
 
 
 def load_yaml(text: str) -> Any:
