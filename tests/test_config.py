@@ -36,7 +36,6 @@ def test_overrides_are_typed():
     assert cfg.data.max_test_samples is None and cfg.data.path == "x.csv"
 
 
-
 @pytest.mark.parametrize("raw,value", [("1e-4", 1e-4), ("3E5", 3e5), ("-2e+3", -2e3), ("1.5e-3", 1.5e-3),
                                        ("3", 3), ("e5", "e5"), ("1e-4x", "1e-4x"), ("[1e-5, 2]", [1e-5, 2]),
                                        ('"1e-4"', "1e-4"), ("{a: 2e3}", {"a": 2e3})])
@@ -44,7 +43,6 @@ def test_override_values_get_the_type_the_config_uses(raw, value):
     # YAML 1.1 (PyYAML) reads `1e-4` as a string: the echo in run parameters must be the float
     got = apply_overrides({}, [f"ttt.lr={raw}"])["ttt"]["lr"]
     assert got == value and type(got) is type(value)
-
 
 
 def test_a_dumped_config_loads_back_with_float_like_labels(tmp_path):
