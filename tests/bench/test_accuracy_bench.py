@@ -69,3 +69,43 @@ def test_select_ttt_without_a_selection_set_fails_naming_the_flag():
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--select-ttt"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "--selection-size" in proc.stderr
+
+
+def _load_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_accuracy", REPO / "bench" / "accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_online_ttt_scoring_hands_the_source_weights_back(tiny_bert_dir):
+    import torch
+
+    from ttt_pipeline.config import ModelConfig, TTTConfig
+    from ttt_pipeline.evaluate import predict
+    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.ttt import build_engine
+
+    bench = _load_bench()
+    torch.manual_seed(0)
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8]), ["1", "2", "4", "5"])
+    texts = [f"the battery of this charger {w} died after {n} days" for n, w in enumerate(
+        ["quickly", "slowly", "again", "twice", "suddenly", "finally"] * 4)]
+    cfg = TTTConfig(online=True, lr=1e-2, batch_size=4, mask_prob=0.3)
+    source = {k: v.clone() for k, v in model.state_dict().items()}
+    plain_before = predict(model, tok, texts, 32, 8)
+
+    preds = bench.ttt_predictions(model, tok, cfg, texts)
+    assert len(preds) == len(texts) and set(preds) <= {0, 1, 2, 3}
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, source[k]), k
+    assert (predict(model, tok, texts, 32, 8) == plain_before).all()
+
+    # without the close, the online engine's adapted weights stay in the model (what the helper guards against)
+    engine = build_engine("masked_ttt", model, tok, cfg)
+    predict(model, tok, texts, 32, cfg.batch_size, engine)
+    assert any(not torch.equal(v, source[k]) for k, v in model.state_dict().items())
+    engine.close()
+    assert all(torch.equal(v, source[k]) for k, v in model.state_dict().items())
