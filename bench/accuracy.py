@@ -183,6 +183,7 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     from ttt_pipeline.model import build_classifier
     from ttt_pipeline.tokenize import lengths_dataset
     from ttt_pipeline.train import finetune
+    from ttt_pipeline.ttt import build_engine
 
     seed_all(seed)
     model, tok = build_classifier(ModelConfig(**({"name": MODEL, "max_length": 128} | (model_overrides or {}))),
@@ -205,7 +206,10 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
         return predict(model, tok, texts_, 128, 32).argmax(-1).tolist()
 
     def ttt_with(cfg_):
-        return lambda texts_: ttt_predictions(model, tok, cfg_, texts_)
+        def ttt(texts_):
+            engine = build_engine("masked_ttt", model, tok, cfg_)
+            return predict(model, tok, texts_, 128, cfg_.batch_size, engine).argmax(-1).tolist()
+        return ttt
 
     train_s = sum(r["epoch_s"] for r in result.history)
     res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s,
@@ -236,19 +240,6 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     res["ttt_alternatives"] = {"default": chosen_scores if chosen == "default" else
                                score_ttt(data, ttt_with(ttt_cfg), ttt_sets, res)}
     return res
-
-
-def ttt_predictions(model, tok, cfg, texts: list[str]) -> list[int]:
-    """Our engine's predictions on one scored set. The engine is closed afterwards: an online one keeps its
-    adapted weights in the model until then, which would leak into the next set and into plain scoring."""
-    from ttt_pipeline.evaluate import predict
-    from ttt_pipeline.ttt import build_engine
-
-    engine = build_engine("masked_ttt", model, tok, cfg)
-    try:
-        return predict(model, tok, texts, 128, cfg.batch_size, engine).argmax(-1).tolist()
-    finally:
-        engine.close()
 
 
 # ------------------------------------------------------------------------------------------------ scoring

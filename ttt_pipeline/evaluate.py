@@ -17,23 +17,31 @@ from .train import make_collate
 
 def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int, engine=None,
             device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Class logits for texts; `engine` (TTT/Tent) adapts per unit and restores, else a plain forward."""
+    """Class logits for texts; `engine` (TTT/Tent) adapts per unit and restores, else a plain forward.
+
+    The texts are one stream: the engine is closed when they are done, so an online engine's adapted weights
+    never outlive the set they were adapted on (the next set, and plain scoring, see the source weights).
+    """
     enc = encode_texts(tokenizer, texts, max_length)
     rows = [{"input_ids": ids} for ids in enc["input_ids"]]
     collate = make_collate(tokenizer)
     out = []
     model.eval()
-    for i in range(0, len(rows), batch_size):
-        b = collate(rows[i:i + batch_size])
-        ids, am = b["input_ids"].to(device), b["attention_mask"].to(device)
-        if engine is None:
-            with torch.inference_mode():
-                logits = model(ids, am)
-        else:
-            logits = engine.predict(ids, am)
-        out.append(logits.float().cpu().numpy())
-        if progress:
-            progress(min(i + batch_size, len(rows)), len(rows))
+    try:
+        for i in range(0, len(rows), batch_size):
+            b = collate(rows[i:i + batch_size])
+            ids, am = b["input_ids"].to(device), b["attention_mask"].to(device)
+            if engine is None:
+                with torch.inference_mode():
+                    logits = model(ids, am)
+            else:
+                logits = engine.predict(ids, am)
+            out.append(logits.float().cpu().numpy())
+            if progress:
+                progress(min(i + batch_size, len(rows)), len(rows))
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     return np.concatenate(out) if out else np.zeros((0, model.meta.num_labels), dtype=np.float32)
 
 

@@ -252,8 +252,6 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
                 logits = predict(model, tokenizer, texts, cfg.model.max_length, cfg.ttt.batch_size, engine, device,
                                  (lambda i, t, d=done: progress("evaluate", d + i, total, {})) if progress else None)
                 wall = time.perf_counter() - t0
-                if hasattr(engine, "close"):
-                    engine.close()  # an online engine must not leave adapted weights for the next set
                 done += len(texts)
                 s = score(logits, ys, n)
                 preds_by_method[method] = logits.argmax(-1).tolist()

@@ -403,3 +403,29 @@ def test_precision_is_validated():
     with pytest.raises(ValueError, match="precision"):
         TTTConfig(precision="fp16")
     assert settings_from_config(TTTConfig(precision="bf16")).precision == "bf16"
+
+
+def test_predict_hands_the_source_weights_back_after_an_online_set(env):
+    """`evaluate.predict` closes its engine: an online engine's adapted weights never leak into the next set
+    or into plain scoring (the bench and the evaluate step rely on it)."""
+    from ttt_pipeline.evaluate import predict
+
+    model, tok = env
+    before = weights(model)
+    texts = [f"the battery of this charger {w} died after {n} days" for n, w in enumerate(
+        ["quickly", "slowly", "again", "twice", "suddenly", "finally"] * 4)]
+    plain_before = predict(model, tok, texts, 32, 8)
+    cfg = TTTConfig(online=True, lr=1e-2, batch_size=4, mask_prob=0.3)
+
+    logits = predict(model, tok, texts, 32, cfg.batch_size, build_engine("masked_ttt", model, tok, cfg))
+    preds = logits.argmax(-1).tolist()
+    assert len(preds) == len(texts) and set(preds) <= {0, 1, 2}
+    assert same(before, weights(model))
+    assert (predict(model, tok, texts, 32, 8) == plain_before).all()
+
+    # the engine on its own keeps the adapted weights until closed (what predict's close undoes)
+    eng = build_engine("masked_ttt", model, tok, cfg)
+    eng.predict(*batch(tok, texts[:4]))
+    assert not same(before, weights(model))
+    eng.close()
+    assert same(before, weights(model))
