@@ -402,7 +402,7 @@ def main() -> None:
         for s in args.seeds:
             log(f"[bench] tutorial seed {s}")
             runs.append(tutorial_run(s, data, args.epochs, warmup_tut, args.ttt_sets))
-            log(f"[bench] tutorial seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
+            log(f"[bench] tutorial seed {s}: {json.dumps(runs[-1], default=float)}")
         results["tutorial"] = mean_over(runs)
     for mode in args.modes:
         runs = []
@@ -410,7 +410,7 @@ def main() -> None:
             log(f"[bench] ours/{mode} seed {s}")
             runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides,
                                  alternatives, model_overrides, unlabeled, args.select_ttt))
-            log(f"[bench] ours/{mode} seed {s}: {json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)})}")
+            log(f"[bench] ours/{mode} seed {s}: {json.dumps(runs[-1], default=float)}")
         results[f"ours/{mode}"] = mean_over(runs)
     print(table(results))
     ours = results.get(f"ours/{args.default_mode}", {})

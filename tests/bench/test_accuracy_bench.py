@@ -36,6 +36,11 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
         assert len(out[side]["per_seed"]) == 1
     alt = out["ours"]["ttt_alternatives"]["lr=1e-5,params=layernorm"]  # same trained model, other TTT settings
     assert 0.0 <= alt["acc_ttt"] <= 1.0 and 0.0 <= alt["acc_clean_ttt"] <= 1.0
+    # the per-seed progress line (stderr) carries the whole seed's result, alternatives included, so a long run's
+    # figures can be read before it ends
+    prefix = "[bench] ours/joint seed 42: "
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith(prefix))
+    assert json.loads(line[len(prefix):]) == out["ours"]["per_seed"][0]
     assert out["train_speedup"] == pytest.approx(out["ours"]["train_samples_per_s"] / out["tutorial"]["train_samples_per_s"])
 
 
