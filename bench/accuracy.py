@@ -285,8 +285,13 @@ def score_ttt(data: dict, ttt, ttt_sets: list[str], plain_scores: dict) -> dict:
 
 
 def mean_over(runs: list[dict]) -> dict:
-    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
-    out = {k: float(np.mean([r[k] for r in runs if r.get(k) is not None])) for k in keys}
+    # a figure undefined on a seed (None: no corruption drop to recover) is left out of that figure's mean, and the
+    # key stays, as null, when no seed defines it (the JSON contract names it)
+    keys = [k for k in runs[0] if all(isinstance(r.get(k), (int, float, type(None))) for r in runs)]
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        out[k] = float(np.mean(vals)) if vals else None
     alts = runs[0].get("ttt_alternatives") or {}
     if alts:
         out["ttt_alternatives"] = {name: mean_over([r["ttt_alternatives"][name] for r in runs]) for name in alts}

@@ -26,7 +26,8 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
     assert out["settings"]["finetune"] == {"joint_passes": 1}
     for side in ("tutorial", "ours"):
         for k in KEYS:
-            v = out[side].get(k)
+            assert k in out[side], (side, k)
+            v = out[side][k]
             if k == "recovered_fraction" and v is None:  # no drop on 32 reviews: undefined, reported as null
                 continue
             assert isinstance(v, float), (side, k, v)
