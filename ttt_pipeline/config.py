@@ -174,6 +174,8 @@ class TTTConfig(Section):
     params: Literal["all", "layernorm", "top_k", "bias"] = "all"
     top_k: int = Field(2, ge=1, description="Layers adapted when params=top_k.")
     views: int = Field(1, ge=1, description="Masked views per input per step (loss averaged).")
+    draws: int = Field(1, ge=1, description="Independent adaptations per unit, each on its own masks from the "
+                       "source weights; predicted probabilities averaged (episodic only).")
     unit: Literal["batch", "sample"] = Field("batch", description="Adapt per batch or per sample.")
     online: bool = Field(False, description="Keep adapted weights across units (with a collapse guard).")
     batch_size: int = Field(32, ge=1)
@@ -184,6 +186,13 @@ class TTTConfig(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on CPU too (faster on "
         "CPUs with native bf16, logits within ~1e-2 of fp32).")
+
+    @model_validator(mode="after")
+    def _draws_are_episodic(self) -> "TTTConfig":
+        if self.draws > 1 and self.online:
+            raise ValueError("draws > 1 needs episodic TTT: set online: false or draws: 1 (each draw starts "
+                             "from the source weights)")
+        return self
 
 
 class TrackingConfig(Section):

@@ -51,7 +51,7 @@ __all__ = ["TTTSettings", "MaskedTTT", "EpisodicEngine", "CollapseGuard", "RowHa
 # `TentEngine` is importable from here too (lazily, see __getattr__ at the end).
 
 # mask_fn(input_ids, attention_mask, draw) -> bool mask (B x T); `draw` numbers the masks of one unit
-# (step * views + view) so that every step and view gets fresh, reproducible masks.
+# ((draw * steps + step) * views + view) so that every draw, step and view gets fresh, reproducible masks.
 MaskFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
@@ -66,6 +66,9 @@ class TTTSettings:
     params: str = "all"
     top_k: int = 2
     views: int = 1
+    # Independent episodic adaptations per unit, each from the source weights on its own mask draws; their
+    # class probabilities are averaged (the returned logits are the log of that mean).
+    draws: int = 1
     unit: str = "batch"
     online: bool = False
     seed: int = 0
@@ -94,8 +97,10 @@ class TTTSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
-        if self.steps < 1 or self.views < 1 or self.tent_steps < 1:
-            raise ValueError("steps, views and tent_steps must be >= 1")
+        if self.steps < 1 or self.views < 1 or self.draws < 1 or self.tent_steps < 1:
+            raise ValueError("steps, views, draws and tent_steps must be >= 1")
+        if self.draws > 1 and self.online:
+            raise ValueError("draws > 1 needs episodic TTT (online: false): each draw starts from the source weights")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {OPTIMIZERS}")
         if self.params not in PARAM_SELECTIONS:
@@ -221,6 +226,8 @@ class EpisodicEngine:
     """
 
     steps: int = 1
+    draws: int = 1  # episodic adaptations per unit, probabilities averaged (MaskedTTT: TTTSettings.draws)
+    draw: int = 0  # the draw adapting now; numbers its masks
 
     def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
         # An engine left attached (online mode) holds the model's parameters as views of its buffer; the next
@@ -401,11 +408,10 @@ class EpisodicEngine:
 
     def _run_unit(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         self.stats["units"] += 1
+        if not self.s.online:
+            return self._run_draws(input_ids, attention_mask)
         loss = self.adapt(input_ids, attention_mask)
         logits = self.forward_nograd(input_ids, attention_mask)
-        if not self.s.online:
-            self._restart()
-            return logits
         if self.guard is not None:
             reason = self.guard.update(loss, normalized_entropy(logits))
             if reason is not None:  # redo this unit from the source weights; the guard restarts from it
@@ -416,6 +422,24 @@ class EpisodicEngine:
                 logits = self.forward_nograd(input_ids, attention_mask)
                 self.guard.update(loss, normalized_entropy(logits))
         return logits
+
+    def _run_draws(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Episodic: adapt, predict, restore, once per draw; one draw returns its logits unchanged."""
+        draws = self.draws
+        probs = None
+        try:
+            for draw in range(draws):
+                self.draw = draw
+                self.adapt(input_ids, attention_mask)
+                logits = self.forward_nograd(input_ids, attention_mask)
+                self._restart()
+                if draws == 1:
+                    return logits
+                p = logits.softmax(-1)
+                probs = p if probs is None else probs + p
+        finally:
+            self.draw = 0
+        return (probs / draws).log()
 
     @property
     def mean_loss(self) -> float | None:
@@ -444,6 +468,7 @@ class MaskedTTT(EpisodicEngine):
         params = [p for p in select_parameters(model, settings.params, settings.top_k) if id(p) not in head]
         super().__init__(model, settings, params, settings.lr)
         self.steps = settings.steps
+        self.draws = settings.draws
         self.mask_token_id = mask_token_id
         self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
 
@@ -451,7 +476,8 @@ class MaskedTTT(EpisodicEngine):
         """The unit's masks for every view, drawn on the whole unit (so sub-batching cannot change them),
         and each view's weight 1 / (masked tokens in the view x views with any masked token)."""
         views = self.s.views
-        masks = [self.mask_fn(input_ids, attention_mask, step * views + v).to(input_ids.device).bool()
+        first = (self.draw * self.steps + step) * views
+        masks = [self.mask_fn(input_ids, attention_mask, first + v).to(input_ids.device).bool()
                  for v in range(views)]
         counts = [int(m.sum()) for m in masks]
         live = [v for v in range(views) if counts[v] > 0]

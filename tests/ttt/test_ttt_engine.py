@@ -59,7 +59,8 @@ def changed_names(model, before):
 
 # ----------------------------------------------------------------------------------------- isolation
 @pytest.mark.parametrize("kw", [dict(unit="batch"), dict(unit="sample"), dict(unit="batch", views=2, steps=2),
-                                dict(unit="sample", params="layernorm", optimizer="sgd")])
+                                dict(unit="sample", params="layernorm", optimizer="sgd"),
+                                dict(unit="batch", draws=3, steps=2)])
 def test_weights_bit_identical_after_a_test_set(env, kw):
     """Episodic: after many units the model is exactly the source model (restore in place, no leak)."""
     model, tok = env
@@ -257,6 +258,35 @@ def test_views_average_the_loss(env):
             expected.append(F.cross_entropy(model.mlm_logits_at(h, m), ids[m]).item())
     assert got == pytest.approx(sum(expected) / 2, rel=1e-5)
     assert got != pytest.approx(expected[0], rel=1e-3)
+
+
+@pytest.mark.parametrize("unit", ["batch", "sample"])
+def test_draws_average_the_probabilities_of_independent_adaptations(env, unit):
+    """draws=3: three adaptations from the source weights, each on its own masks (draw d, step k uses mask
+    draw d x steps + k); the result is the log of their mean class probabilities."""
+    model, tok = env
+    ids, am = batch(tok, TEXTS)
+    base = RowHashMasker(0.3, special_token_ids(tok), seed=0)
+    probs, steps = [], 0
+    for d in range(3):
+        one = engine(env, lr=1e-2, steps=2, unit=unit)
+        one.mask_fn = lambda i, a, k, d=d: base(i, a, d * 2 + k)
+        probs.append(one.predict(ids, am).softmax(-1))
+        steps += one.stats["steps"]
+    eng = engine(env, lr=1e-2, steps=2, unit=unit, draws=3)
+    got = eng.predict(ids, am)
+    assert torch.allclose(got, (sum(probs) / 3).log(), atol=1e-5)
+    assert not torch.allclose(probs[0], probs[1], atol=1e-4)  # the draws really differ
+    assert eng.stats["steps"] == steps >= 6  # a step without a masked token is skipped, in both
+    assert torch.allclose(got.exp().sum(-1), torch.ones(len(TEXTS)), atol=1e-5)
+
+
+def test_draws_need_episodic_ttt():
+    with pytest.raises(ValueError, match="draws > 1 needs episodic"):
+        TTTSettings(draws=2, online=True)
+    with pytest.raises(ValueError, match="online: false or draws: 1"):
+        TTTConfig(draws=2, online=True)
+    assert TTTConfig(draws=4).draws == 4
 
 
 def test_no_maskable_token_means_no_step(env):
