@@ -21,6 +21,9 @@ Masks are reproducible without any global RNG: each row's Bernoulli draws come f
 same masks alone, in any batch, at any padding length and in any evaluation order, which is what makes a
 per-sample prediction independent of batch composition. The mask function is injectable (`mask_fn`).
 
+`draws` > 1 repeats the episode on fresh masks from the same source weights and averages the class
+probabilities of the draws (an ensemble of adapted models; `views` instead averages the loss of one step).
+
 Online mode keeps the adapted weights (and optimizer moments) from unit to unit, guarded by
 `CollapseGuard`, which restores the source weights when the MLM loss diverges or collapses or when the
 prediction entropy collapses (thresholds are `TTTSettings.guard_*`).
