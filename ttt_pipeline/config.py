@@ -174,8 +174,8 @@ class TTTConfig(Section):
     params: Literal["all", "layernorm", "top_k", "bias"] = "all"
     top_k: int = Field(2, ge=1, description="Layers adapted when params=top_k.")
     views: int = Field(1, ge=1, description="Masked views per input per step (loss averaged).")
-    draws: int = Field(1, ge=1, description="Independent adaptations per unit, each on its own masks from the "
-                       "source weights; predicted probabilities averaged (episodic only).")
+    draws: int = Field(1, ge=1, description="masked_ttt: independent adaptations per unit, each on its own masks "
+                       "from the source weights; predicted probabilities averaged (episodic only).")
     unit: Literal["batch", "sample"] = Field("batch", description="Adapt per batch or per sample.")
     online: bool = Field(False, description="Keep adapted weights across units (with a collapse guard).")
     batch_size: int = Field(32, ge=1)

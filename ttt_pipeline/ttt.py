@@ -230,7 +230,6 @@ class EpisodicEngine:
 
     steps: int = 1
     draws: int = 1  # episodic adaptations per unit, probabilities averaged (MaskedTTT: TTTSettings.draws)
-    draw: int = 0  # the draw adapting now; numbers its masks
 
     def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
         # An engine left attached (online mode) holds the model's parameters as views of its buffer; the next
@@ -324,8 +323,9 @@ class EpisodicEngine:
         ids, am = input_ids[rows], attention_mask[rows]
         return trim_padding(ids, am) if self.s.trim_padding else (ids, am)
 
-    def adapt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float | None:
-        """`steps` optimizer steps on the unit's loss; returns the first step's loss (before any update).
+    def adapt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, first_step: int = 0) -> float | None:
+        """`steps` optimizer steps on the unit's loss, numbered from `first_step` for `prepare` (draw d of a
+        unit starts at d x steps); returns the first step's loss (before any update).
         Leaves the model attached to the adapted buffer (predict restores, or call reset())."""
         self._attach()
         first = None
@@ -337,7 +337,7 @@ class EpisodicEngine:
             p.grad = None
         parts = self.chunks(attention_mask)
         try:
-            for step in range(self.steps):
+            for step in range(first_step, first_step + self.steps):
                 ctx = self.prepare(input_ids, attention_mask, step)
                 if ctx is None:  # nothing to learn from (no maskable token): skip the step
                     continue
@@ -428,21 +428,15 @@ class EpisodicEngine:
 
     def _run_draws(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Episodic: adapt, predict, restore, once per draw; one draw returns its logits unchanged."""
-        draws = self.draws
-        probs = None
-        try:
-            for draw in range(draws):
-                self.draw = draw
-                self.adapt(input_ids, attention_mask)
-                logits = self.forward_nograd(input_ids, attention_mask)
-                self._restart()
-                if draws == 1:
-                    return logits
-                p = logits.softmax(-1)
-                probs = p if probs is None else probs + p
-        finally:
-            self.draw = 0
-        return (probs / draws).log()
+        probs = 0.0
+        for draw in range(self.draws):
+            self.adapt(input_ids, attention_mask, first_step=draw * self.steps)
+            logits = self.forward_nograd(input_ids, attention_mask)
+            self._restart()
+            if self.draws == 1:
+                return logits
+            probs = probs + logits.softmax(-1)
+        return (probs / self.draws).log()
 
     @property
     def mean_loss(self) -> float | None:
@@ -479,8 +473,7 @@ class MaskedTTT(EpisodicEngine):
         """The unit's masks for every view, drawn on the whole unit (so sub-batching cannot change them),
         and each view's weight 1 / (masked tokens in the view x views with any masked token)."""
         views = self.s.views
-        first = (self.draw * self.steps + step) * views
-        masks = [self.mask_fn(input_ids, attention_mask, first + v).to(input_ids.device).bool()
+        masks = [self.mask_fn(input_ids, attention_mask, step * views + v).to(input_ids.device).bool()
                  for v in range(views)]
         counts = [int(m.sum()) for m in masks]
         live = [v for v in range(views) if counts[v] > 0]
