@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/ttt-pipeline run --config $(CONFIG)
 
-# Unit and end-to-end tests (offline, < 15 min on 2 cores). CI also runs test-integration and test-browser.
+# Unit and end-to-end tests (offline, < 20 min on 2 cores, the demo preset's first run included). CI also runs
+# test-integration and test-browser.
 test: setup
 	$(BIN)/python -m pytest -q -m "not integration and not browser" $(PYTEST_ARGS)
 

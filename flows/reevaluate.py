@@ -7,14 +7,21 @@ previous night's run. Robust accuracy is the corrupted-set accuracy with TTT on 
 same texts every night, so a drop is the model's or the code's, not the seed's); the night's fresh suite is
 logged beside it (a gap between the two means the reference suite stopped being representative).
 
-A drop of more than `threshold` fails the flow run, flags a Prefect markdown artifact and ends the MLflow run
-as FAILED with tag `regression=true`.
+The alarm is paired: tonight's and the previous night's per-review predictions on the reference suite (the
+same reviews) give the change in robust accuracy with a 95% bootstrap interval (masked TTT pooled over its mask
+seeds). Only a change whose whole interval lies below -`threshold` is a regression: it fails the flow run, flags
+a Prefect markdown artifact (with the interval) and ends the MLflow run as FAILED with tag `regression=true`. A
+point drop the interval cannot tell from noise (a different mask seed, say) never fires.
+
+Before the first pipeline run has registered a champion, the flow fails once (no retries) with that message and a
+markdown artifact that says what to do.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from tasks import corrupt_task, download_task, evaluate_task
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluate import headline, metric_name
 from ttt_pipeline.remote_store import open_store
@@ -32,11 +39,17 @@ from ttt_pipeline.tracking import Tracker
 from flows.stages import _run, evaluate_on_gpu, portable
 
 RUN_KIND = "nightly-reevaluation"
+REF_PREDICTIONS = "predictions_ref.parquet"
+ROBUST_METHOD = "masked_ttt"
 ALIAS = "champion"
 
 
 class RobustnessRegression(Exception):
     """Robust accuracy fell by more than the threshold since the previous night."""
+
+
+class NoChampion(PipelineError):
+    """No model version holds the `champion` alias yet: there is nothing to re-evaluate."""
 
 
 def night_of(scheduled: dt.datetime | None = None) -> str:
@@ -55,10 +68,27 @@ def load_champion(client, name: str):
 
     try:
         return client.get_model_version_by_alias(name, ALIAS)
-    except MlflowException:
-        raise PipelineError(f"registered model {name!r} has no version at alias {ALIAS!r}",
-                            "run ttt-pipeline with registry.enabled=true first (it registers and promotes "
-                            "the champion), or set registry.model_name") from None
+    except MlflowException as exc:
+        # no such model (RESOURCE_DOES_NOT_EXIST) or no such alias (INVALID_PARAMETER_VALUE); anything else is
+        # not "no champion" and is raised as it is
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise NoChampion(f"registered model {name!r} has no version at alias {ALIAS!r}: no champion yet, "
+                         "nothing to re-evaluate",
+                         "run the ttt-pipeline deployment once (registry.enabled: true, the default, registers its "
+                         "model and makes the first one the champion), or set registry.model_name to the model "
+                         "it registers") from None
+
+
+def _no_champion_report(exc: NoChampion, tracking_uri: str, night: str) -> str:
+    from ttt_pipeline.tracking import redact
+
+    return (f"# ⏸ No champion yet: nothing was re-evaluated\n\n"
+            f"Night {night}: {exc.message} (MLflow at `{redact(tracking_uri)}`).\n\n"
+            f"**What to do:** {exc.hint[0].upper()}{exc.hint[1:]}. Deployments → `ttt-pipeline` → Run starts it "
+            f"with the same default configuration as this flow; once it has finished, the next night (or a run "
+            f"started now) re-evaluates its model.\n\n"
+            f"This run fails once, without retries: a retry would find no champion either.\n")
 
 
 def _model_root(folder: Path) -> Path:
@@ -107,11 +137,29 @@ def previous_night(tracker: Tracker, model_name: str, night: str):
     return None
 
 
+def compare_nights(tracker: Tracker, prev, tonight, threshold: float, cfg) -> dict | None:
+    """Tonight minus the previous night, paired on the reference suite's reviews (ttt_pipeline.robustness);
+    None when the previous night stored no predictions or scored other reviews."""
+    import pandas as pd
+
+    from ttt_pipeline.robustness import regression_between
+
+    with tempfile.TemporaryDirectory(prefix="ttt-prev-") as tmp:
+        try:
+            previous = pd.read_parquet(tracker.client.download_artifacts(prev.info.run_id, REF_PREDICTIONS, tmp))
+        except Exception:  # a night logged before predictions were kept: no paired comparison
+            return None
+    ev = cfg.evaluation
+    return regression_between(previous, tonight, ROBUST_METHOD, threshold, resamples=ev.resamples,
+                              confidence=ev.confidence, seed=ev.seed)
+
+
 def _report(night: str, mv, now: dict, prev, threshold: float, regression: bool, run_link: str) -> str:
     def f(v):
         return "-" if v is None else f"{v:.3f}"
 
-    head = (f"# ❌ REGRESSION — robust accuracy fell by more than {threshold:.3f}\n\n" if regression else
+    head = (f"# ❌ REGRESSION — robust accuracy fell significantly by more than {100 * threshold:.1f} points\n\n"
+            if regression else
             "# ✅ Nightly re-evaluation: no regression\n\n")
     rows = [("clean accuracy", "acc_clean"), ("clean accuracy with TTT", "acc_clean_ttt"),
             ("reference suite, corrupted", "acc_corrupted_ref"), ("reference suite, with TTT (robust)", "robust_acc_ref"),
@@ -122,12 +170,29 @@ def _report(night: str, mv, now: dict, prev, threshold: float, regression: bool,
                  else "No previous night to compare with (first run).")
     return (f"{head}Model `{mv.name}` version {mv.version} (alias `{ALIAS}`, source run `{mv.run_id}`), "
             f"night {night}.\n\n| metric | tonight | previous night |\n|---|---|---|\n{table}\n\n{prev_line}\n\n"
-            f"Drop of robust accuracy: {f(now.get('robust_acc_drop'))} (threshold {threshold:.3f}).\n\n"
+            f"{_change_line(now, threshold, prev)}\n\n"
             f"MLflow run: {run_link}\n")
 
 
-@flow(name="nightly-reevaluation")
-def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: float = 0.02,
+# No retries, whatever PREFECT_FLOW_DEFAULT_RETRIES says: no champion, a regression or bad data would fail the
+# same way again; the next night runs anyway.
+def _change_line(now: dict, threshold: float, prev) -> str:
+    """The alarm's evidence: the paired change with its interval, and what the rule made of it."""
+    if prev is None:
+        return "No previous night: nothing to compare."
+    if "robust_acc_change" not in now:
+        return (f"Drop of robust accuracy {now.get('robust_acc_drop', 0):+.3f} (point values only: the previous night "
+                "stored no per-review predictions, so no paired interval and no alarm).")
+    c, lo, hi = (100 * now[k] for k in ("robust_acc_change", "robust_acc_change_ci_low", "robust_acc_change_ci_high"))
+    fired = hi < -100 * threshold
+    return (f"Robust accuracy change, tonight minus previous night on the same reference reviews: {c:+.2f} points, "
+            f"95% paired interval [{lo:+.2f}, {hi:+.2f}], McNemar p={now['robust_acc_change_p_mcnemar']:.3g}. "
+            f"The alarm fires only when the whole interval lies below -{100 * threshold:.2f} points: "
+            + ("it does." if fired else "it does not."))
+
+
+@flow(name="nightly-reevaluation", retries=0)
+def nightly_reevaluation(config: PipelineConfig = default_config(), threshold: float = 0.02,
                          reference_seed: int = 42, night: str | None = None) -> dict:
     """Re-evaluate the `champion` on tonight's and the reference corruption suites; fail on a robustness drop."""
     from prefect.runtime import flow_run
@@ -141,7 +206,12 @@ def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: f
     night_seed = seed_for(night)
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
-    mv = load_champion(tracker.client, cfg.registry.model_name)
+    try:
+        mv = load_champion(tracker.client, cfg.registry.model_name)
+    except NoChampion as exc:
+        create_markdown_artifact(_no_champion_report(exc, tracker.uri, night), key="nightly-reevaluation",
+                                 description=f"NO CHAMPION: nothing re-evaluated {night}")
+        raise
     logger.info("champion: %s version %s (run %s); night %s, seed %d; reference seed %d",
                 mv.name, mv.version, mv.run_id, night, night_seed, reference_seed)
     store = open_store(cfg.store)
@@ -153,7 +223,7 @@ def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: f
         raise PipelineError(f"the champion's labels {list(trained_on.values())} differ from the data's "
                             f"{list(scored_on.values())}", "pass the config (data section) the champion was trained with")
 
-    results = {}
+    results, preds = {}, {}
     for suite, seed, with_clean in (("night", night_seed, True), ("ref", reference_seed, False)):
         c = cfg.model_copy(deep=True)
         c.corruption.seed = seed
@@ -165,17 +235,23 @@ def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: f
         else:
             outs = [_run(evaluate_task, c, data, model, corrupted, families)[0]]
         results[suite] = steps.load_results([steps.StepOutput(**o) for o in outs])["rows"]
+        preds[suite] = steps.read_predictions([steps.StepOutput(**o) for o in outs])
 
     h_night, h_ref = headline(results["night"]), headline(results["ref"])
     now = {"acc_clean": h_night.get("acc_clean"), "acc_clean_ttt": h_night.get("acc_clean_ttt"),
            "acc_corrupted_night": h_night.get("acc_corrupted"), "robust_acc_night": h_night.get("acc_ttt"),
            "acc_corrupted_ref": h_ref.get("acc_corrupted"), "robust_acc_ref": h_ref.get("acc_ttt")}
     prev = previous_night(tracker, mv.name, night)
+    check = None
     if prev is not None:
         now["robust_acc_drop"] = prev.data.metrics["robust_acc_ref"] - now["robust_acc_ref"]
         if "robust_acc_night" in prev.data.metrics and now["robust_acc_night"] is not None:
             now["robust_acc_night_drop"] = prev.data.metrics["robust_acc_night"] - now["robust_acc_night"]
-    regression = prev is not None and now["robust_acc_drop"] > threshold
+        check = compare_nights(tracker, prev, preds["ref"], threshold, cfg)
+        if check is not None:
+            now.update({"robust_acc_change": check["delta"], "robust_acc_change_ci_low": check["ci_low"],
+                        "robust_acc_change_ci_high": check["ci_high"], "robust_acc_change_p_mcnemar": check["p_mcnemar"]})
+    regression = bool(check and check["regression"])
 
     run_id = tracker.start(f"nightly-{night}", tags={
         "ttt_run_kind": RUN_KIND, "night": night, "registered_model": mv.name, "model_version": str(mv.version),
@@ -189,6 +265,11 @@ def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: f
     per_set = {f"{suite}/acc/{metric_name(r)}": r["acc"] for suite, rows in results.items() for r in rows}
     tracker.metrics(run_id, {**now, **per_set, "wall_s": time.perf_counter() - t0})
     tracker.dict(run_id, results, "nightly_results.json")
+    if check is not None:
+        tracker.dict(run_id, check, "nightly_comparison.json")
+    with tempfile.TemporaryDirectory(prefix="ttt-nightly-") as tmp:  # tomorrow's paired comparison reads these
+        preds["ref"].to_parquet(Path(tmp) / REF_PREDICTIONS, index=False)
+        tracker.artifact(run_id, Path(tmp) / REF_PREDICTIONS)
     try:
         tracker.client.set_model_version_tag(mv.name, mv.version, "nightly.last_run_id", run_id)
         tracker.client.set_model_version_tag(mv.name, mv.version, "nightly.last_robust_acc_ref",
@@ -209,7 +290,8 @@ def nightly_reevaluation(config: PipelineConfig = PipelineConfig(), threshold: f
         raise RobustnessRegression(
             f"robust accuracy of {mv.name} v{mv.version} on the reference suite fell from "
             f"{prev.data.metrics['robust_acc_ref']:.3f} ({prev.data.tags.get('night')}) to "
-            f"{now['robust_acc_ref']:.3f} ({night}): drop {now['robust_acc_drop']:.3f} > threshold {threshold:.3f}")
+            f"{now['robust_acc_ref']:.3f} ({night}): change {100 * check['delta']:+.2f} points, 95% paired interval "
+            f"[{100 * check['ci_low']:+.2f}, {100 * check['ci_high']:+.2f}] lies below -{100 * threshold:.2f}")
     logger.info("robust accuracy (reference) %.3f, tonight's suite %.3f; %s", now["robust_acc_ref"],
                 now["robust_acc_night"], "no previous night" if prev is None else
                 f"drop {now['robust_acc_drop']:+.3f} vs {prev.data.tags.get('night')}")

@@ -34,19 +34,37 @@ def _run(task_fn, *args, **kwargs) -> tuple[dict, bool]:
 
 
 def enter_pipeline_home() -> dict:
-    """Prefect pull step (see prefect.yaml): the run's working directory is the worker's TTT_PIPELINE_HOME.
+    """Prefect pull step (see prefect.yaml): the run's working directory is the worker's project home.
 
     Read when the run starts, on the worker (a `{{ $VAR }}` template in prefect.yaml would be filled in on the
     deploying machine whenever that variable is set there), so relative paths of a configuration (store
     `.cache`, `sqlite:///mlflow.db`, `data/...`) mean the same folder for every run of that worker.
+
+    The home is $TTT_PIPELINE_HOME; when it is unset, the worker's current folder. A process worker starts each
+    run in a fresh temporary folder unless its pool sets `working_dir`, so its current folder is the one it
+    was started in, which it hands on as $PWD; with a `working_dir`, the run's own folder is that one.
     """
+    import tempfile
+
+    from prefect.logging import get_logger
+
     home = os.environ.get("TTT_PIPELINE_HOME")
+    source = "TTT_PIPELINE_HOME"
     if not home:
-        raise RuntimeError("TTT_PIPELINE_HOME is not set on this worker: start the worker with "
-                           "TTT_PIPELINE_HOME=/path/to/project (scripts/serve.sh and docker-compose.yml do)")
+        here = Path.cwd().resolve()
+        throwaway = here.parent == Path(tempfile.gettempdir()).resolve() and here.name.endswith("prefect")
+        if not throwaway:
+            home, source = str(here), "the current folder; TTT_PIPELINE_HOME is unset"
+        else:
+            home = os.environ.get("PWD")
+            source = "$PWD, the folder the worker was started in; TTT_PIPELINE_HOME is unset"
+            if not home:
+                raise RuntimeError("TTT_PIPELINE_HOME is not set on this worker and $PWD, the folder it was started "
+                                   "in, is unknown: start the worker with TTT_PIPELINE_HOME=/path/to/project")
     path = Path(home).expanduser().resolve()
     if not path.is_dir():
-        raise RuntimeError(f"TTT_PIPELINE_HOME={home} is not a folder on this worker")
+        raise RuntimeError(f"the project home {home} ({source}) is not a folder on this worker")
+    get_logger("ttt_pipeline.home").info("project home: %s (%s)", path, source)
     return {"directory": str(path)}
 
 
@@ -76,7 +94,7 @@ def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_i
     cached = cached and not launched
     model["cached"] = cached
     if parent_run_id:
-        log_stage_task(cfg, "fine-tune", [model], parent_run_id, cached)
+        log_stage_task(cfg, "fine-tune", [model, data], parent_run_id, cached)
     publish_output(model)
     return model
 

@@ -50,10 +50,27 @@ def step_cache(step: str, inputs_of: Callable[[dict[str, Any]], dict]):
 COMMON = dict(persist_result=True, result_serializer="json")
 
 
+def may_pass(task, task_run, state) -> bool:
+    """Prefect retry condition: retry what may pass on a second try (a remote source that failed to download,
+    an unexpected error), never a user error (a missing column, a bad value, a refused file), which fails the
+    same way every time and is reported at once."""
+    from ttt_pipeline.errors import DownloadError, PipelineError
+
+    try:
+        state.result()
+    except DownloadError:
+        return True
+    except PipelineError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 @task(name="download", cache_key_fn=step_cache("download", lambda p: steps.download_inputs(p["cfg"])),
-      retries=2, retry_delay_seconds=[2, 10], **COMMON)
+      retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass, **COMMON)
 def download_task(cfg: PipelineConfig) -> dict:
-    """Retried: remote sources fail transiently; validation errors fail the same way every time, fast."""
+    """Retried when a remote source fails (transiently, often); errors in the config or the data fail at once."""
     return steps.download(cfg, _store(cfg)).to_dict()
 
 
@@ -99,38 +116,46 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
     for o in outs:
         o.cached = cached
     run_id = tracker.start(stage, parent=parent_run_id)
-    head: dict = {}
+    logged: dict = {"headline": {}}
     try:
         if stage == "download":
             stage_logging.log_download(tracker, run_id, outs[0], cfg)
         elif stage == "tokenise":
             stage_logging.log_tokenise(tracker, run_id, outs[0], cfg)
         elif stage == "fine-tune":
-            stage_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model)
+            stage_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model,
+                                       outs[1] if len(outs) > 1 else None)  # [model, data]
         elif stage == "corrupt":
             stage_logging.log_corrupt(tracker, run_id, outs[0], cfg)
         elif stage == "evaluate":
             results = steps.load_results(outs)
-            head = stage_logging.log_evaluate(tracker, run_id, outs, results, cfg)
-            _grid_artifact(results["rows"])
+            reference = stage_logging.reference_rows(tracker, cfg.evaluation.reference)
+            logged = stage_logging.log_evaluate(tracker, run_id, outs, results, cfg, reference)
+            _grid_artifact(results["rows"], logged["comparisons"])
+        elif stage == "attribute":
+            from .attribution import log_attribute
+
+            log_attribute(tracker, run_id, outs[0], cfg)
         else:
             raise ValueError(f"unknown stage {stage!r}")
     except Exception:
         tracker.end(run_id, "FAILED")
         raise
     tracker.end(run_id)
-    return {"run_id": run_id, "headline": head}
+    return {"run_id": run_id, **{k: v for k, v in logged.items() if k != "flat"}, "flat": logged.get("flat", {})}
 
 
-def _grid_artifact(rows: list[dict]) -> None:
-    """The evaluation grid as a Prefect table artifact (one row per test set and method)."""
+def _grid_artifact(rows: list[dict], comparisons: list[dict]) -> None:
+    """The evaluation grid as a Prefect table artifact (one row per test set and method, with each method's
+    paired difference from `none` and its verdict)."""
     from prefect.artifacts import create_table_artifact
 
     from ttt_pipeline.plots import grid_table
 
     try:
-        create_table_artifact(grid_table(rows), key="evaluation-grid",
-                              description="Accuracy and macro-F1 of every test set under every method")
+        create_table_artifact(grid_table(rows, comparisons), key="evaluation-grid",
+                              description="Accuracy of every test set under every method; differences from "
+                                          "no adaptation with 95% paired bootstrap intervals")
     except Exception as exc:  # the UI table is for people; MLflow holds the numbers already
         import logging
 

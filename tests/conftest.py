@@ -10,10 +10,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from netutil import free_port, listening  # noqa: F401  (re-exported for older imports)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every test names its tracking URI in its config; a shell pointed at a server (`source .run/env` exports
+# MLFLOW_TRACKING_URI) must not send the tests' runs there.
+for _var in ("TTT_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+    os.environ.pop(_var, None)
 
 REPO = Path(__file__).resolve().parent.parent
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
@@ -47,18 +52,6 @@ def mdsd_dir() -> Path:
     if not (MDSD / "electronics" / "positive.review").is_file():
         pytest.skip(f"real MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
     return MDSD
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture()

@@ -46,7 +46,7 @@ def test_override_values_get_the_type_the_config_uses(raw, value):
 
 
 def test_a_dumped_config_loads_back_with_float_like_labels(tmp_path):
-    cfg = load_config("demo", ['data.label_names=["1e3", "2"]', "ttt.lr=1e-4"])
+    cfg = load_config("demo", ['data.label_names=["1e3", "2"]', "data.label_map=null", "ttt.lr=1e-4"])
     text = dump_yaml(cfg.model_dump(mode="json"))
     assert load_yaml(text)["data"]["label_names"] == ["1e3", "2"]
     (tmp_path / "c.yaml").write_text(text)
@@ -90,3 +90,66 @@ def test_configuration_reference_is_current():
 
     render = runpy.run_path(str(REPO / "scripts" / "config_reference.py"), run_name="not_main")["render"]
     assert (REPO / "docs" / "configuration.md").read_text() == render(), "run: python scripts/config_reference.py"
+
+
+def test_defaults_are_the_measured_recipe_on_the_demo_data():
+    cfg, measured, demo = PipelineConfig(), load_config("mdsd-electronics"), load_config("demo")
+    recipe = ("alignment", "joint_passes", "mlm_weight", "weighted_sampler", "class_weighted_loss", "precision")
+    for key in recipe:
+        assert getattr(cfg.finetune, key) == getattr(measured.finetune, key) == getattr(demo.finetune, key), key
+    assert (cfg.finetune.alignment, cfg.finetune.joint_passes, cfg.finetune.weighted_sampler,
+            cfg.finetune.precision) == ("joint", 1, False, "bf16")
+    assert cfg.model.pooling == measured.model.pooling == "cls"
+    assert demo.model.pooling == "mean"  # the polarity demo's choice on its validation reviews (configs/demo.yaml)
+    # the default data section reads the demo's reviews and rating column; the demo preset maps them to polarity
+    assert (cfg.data.path, cfg.data.text_column, cfg.data.label_column) == (
+        demo.data.path, demo.data.text_column, demo.data.label_column)
+    assert demo.data.label_names == ["negative", "positive"] and demo.data.label_map["3"] is None
+
+
+def test_the_default_config_reads_the_shipped_demo_reviews(tmp_path, monkeypatch):
+    """The UI's Run button and the nightly schedule start from the defaults: the download step must work."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.storage import StepStore
+
+    monkeypatch.chdir(REPO)  # a worker runs in its project home, where data/demo/ lies
+    out = steps.download(PipelineConfig(), StepStore(tmp_path / "store"))
+    labels = load_yaml((Path(out.path) / "labels.json").read_text())
+    assert list(labels.values()) == ["1", "2", "3", "4", "5"]
+    assert sum(out.meta["sizes"].values()) == sum(1 for _ in open(REPO / "data/demo/reviews.jsonl"))
+
+
+def test_every_field_of_every_section_is_described():
+    """The Prefect UI form shows these descriptions beside every field."""
+    missing = [name for name, f in PipelineConfig.model_fields.items() if not f.description]
+    for name, f in PipelineConfig.model_fields.items():
+        if hasattr(f.annotation, "model_fields"):
+            missing += [f"{name}.{k}" for k, g in f.annotation.model_fields.items() if not g.description]
+    assert not missing
+    schema = PipelineConfig.model_json_schema()
+    assert schema["$defs"]["FinetuneConfig"]["properties"]["lr"]["description"]
+
+
+def test_unknown_field_hint_names_a_command_that_exists(capsys):
+    from ttt_pipeline.cli import build_parser
+
+    with pytest.raises(ConfigError) as exc:
+        load_config("demo", ["finetune.epoch=2"])
+    assert "`ttt-pipeline config --schema`" in exc.value.message
+    args = build_parser().parse_args(["config", "--schema"])
+    assert args.fn(args) == 0
+    assert "epochs" in load_yaml(capsys.readouterr().out)["$defs"]["FinetuneConfig"]["properties"]
+
+
+def test_default_defense_must_be_one_of_the_scored_methods():
+    """evaluation.default_defense names the method whose gain the run reports as defense_gain (issue 24)."""
+    with pytest.raises(ConfigError, match="evaluation.default_defense 'tent' must be one of ttt.methods other than "
+                                          r"none \(\['spell'\]\)"):
+        load_config("demo", ["evaluation.default_defense=tent", "ttt.methods=[none, spell]"])
+    with pytest.raises(ConfigError, match="evaluation.default_defense 'none' must be one of ttt.methods"):
+        load_config("demo", ["evaluation.default_defense=none"])
+    with pytest.raises(ConfigError, match="unknown method"):
+        load_config("demo", ["evaluation.default_defense=spel", "ttt.methods=[none, spel]"])
+    assert load_config("demo", ["evaluation.default_defense=null"]).evaluation.default_defense is None
+    demo = load_config("demo")
+    assert demo.evaluation.default_defense in demo.ttt.methods

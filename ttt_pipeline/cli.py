@@ -1,4 +1,4 @@
-"""`ttt-pipeline`: run the pipeline, corrupt texts, inspect configuration and runs.
+"""`ttt-pipeline`: run the pipeline, corrupt texts, classify reviews, inspect configuration and runs.
 
 User errors print as `error:` and `hint:` lines with a non-zero exit and no traceback (`--debug` shows it).
 The `run` command validates configuration, data, tokenizer and tracking before Prefect starts, so a bad
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ def _env_defaults(store: Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines (model validation) are noise here
 
 
 def _absolute(cfg):
@@ -83,26 +83,39 @@ def start_prefect_server() -> None:
 
 def cmd_run(args) -> int:
     from .config import load_config
-    from .report import headline_table
+    from .console import setup_run_logging, summary_table, ui_lines
 
     cfg = _absolute(load_config(args.config, args.set))
     _env_defaults(Path(cfg.store))
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_run_logging()  # stage lines and progress; Prefect's per-task "Finished in state" lines are dropped
+    _say(f"checking the configuration, the data ({cfg.data.path}), the tokenizer and MLflow")
     download_built = preflight(cfg)
+    _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
     start_prefect_server()
     from flows.pipeline import ttt_pipeline
 
     summary = ttt_pipeline(config=cfg)
-    from .tracking import Tracker
+    from .report import run_link
 
-    print("\n" + headline_table(summary))
+    # the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every difference
+    print("\n" + summary_table(summary, cfg))
     note = " (download prepared by this run's input check)" if download_built else ""
-    print(f"cached tasks: {summary['cached_tasks']}/5{note}   wall time: {summary['wall_s']:.1f} s")
-    print(f"MLflow run {summary['mlflow_run_id']}; open the UI with:\n  {Tracker.from_config(cfg.tracking).ui_command()}")
+    tasks = f"{summary['cached_tasks']}/{len(summary['cached'])}"  # 5, or 6 with the attribute step
+    print(f"cached tasks: {tasks}{note}   wall time: {summary['wall_s']:.1f} s")
+    print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
+          f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
     if args.json:
         sys.stdout.flush()
         print(json.dumps(summary, default=str))
     return 0
+
+
+def _say(text: str) -> None:
+    """A progress line of the run command before Prefect's loggers take over (same look as the stage lines), on
+    stdout: stderr of a run stopped in preflight holds only its `error:` and `hint:` lines."""
+    import time
+
+    print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
 
 
 def cmd_config(args) -> int:
@@ -146,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     corruption_cli.add_arguments(k)
     k.set_defaults(fn=cmd_corrupt)
+    from . import predict
+
+    predict.add_command(sub)
     _add_run_inspection(sub)
     return p
 
@@ -156,6 +172,9 @@ def _add_run_inspection(sub) -> None:
     except ImportError:
         return
     runs.add_commands(sub)
+    from . import explain
+
+    explain.add_command(sub)  # `explain RUN_ID --example N`: the attribute stage's training reviews
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,10 +35,15 @@ class DataConfig(Section):
         None, description="Optional separate test source (same forms as path); else a split of path."
     )
     text_column: str = Field("text", description="Column holding the review text.")
-    label_column: str = Field("label", description="Column holding the label (int, float or string).")
+    label_column: str = Field("rating", description="Column holding the label (int, float or string).")
     label_names: list[str] | None = Field(
-        None, description="Class order (label values as strings); default: sorted unique labels."
+        ["1", "2", "3", "4", "5"],
+        description="Class order (label values as strings); null: the sorted unique labels of the data.",
     )
+    label_map: dict[str, str | None] | None = Field(
+        None, description="Label value -> class name, applied before label_names (e.g. 1 and 2 stars -> negative, "
+        "4 and 5 -> positive); a value mapped to null drops its rows (counted as dropped_by_label_map); a value "
+        "missing from the map is an error. null: labels are used as they are.")
     pt_columns: list[str] = Field(
         ["text", "label", "input_ids"], description="Column names for the tuples of a torch-saved list."
     )
@@ -60,10 +65,30 @@ class DataConfig(Section):
             raise ValueError("must name a file, folder, gdown://ID or hf://DATASET")
         return v
 
+    @field_validator("label_map", mode="before")
+    @classmethod
+    def _map_keys(cls, v: Any) -> Any:
+        """Keys are label values in one spelling (YAML's 1 and "1.0" both mean the label "1")."""
+        if not isinstance(v, dict):
+            return v
+        from .data.labels import canonical
+
+        out: dict = {}
+        for key, name in v.items():
+            k = canonical(key)
+            if k is None:
+                raise ValueError(f"label_map key {key!r} is not a label value")
+            out[k] = None if name is None else str(name)
+        return out
+
     @model_validator(mode="after")
     def _distinct_columns(self) -> "DataConfig":
         if self.text_column == self.label_column:
             raise ValueError(f"text_column and label_column are both '{self.text_column}'; they must differ")
+        if self.label_map and self.label_names:
+            unknown = sorted({c for c in self.label_map.values() if c is not None} - set(self.label_names))
+            if unknown:
+                raise ValueError(f"label_map maps to {unknown}, which are not in label_names {self.label_names}")
         return self
 
 
@@ -89,14 +114,39 @@ class ModelConfig(Section):
         return v
 
 
+class AugmentConfig(Section):
+    """Robust training (finetune.augment): corrupted copies of training reviews added to the training set."""
+
+    families: list[str] = Field(["tutorial"], min_length=1, description="Corruption families of the copies (each "
+                                "copy draws one, uniformly).")
+    severities: list[int] = Field([3], min_length=1, description="Severities 1-5 of the copies (each copy draws "
+                                  "one, uniformly).")
+    share: float = Field(0.5, gt=0, le=1, description="Share of the training reviews that get one corrupted copy "
+                         "(same label), added to the clean ones: the training set grows by this share.")
+    seed: int = Field(1000, description="Seed of which reviews are copied, of their family and severity and of the "
+                      "corruption; must differ from corruption.seed.")
+
+    @field_validator("families")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        return CorruptionConfig._fam(v)
+
+    @field_validator("severities")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        return CorruptionConfig._sev(v)
+
+
 class FinetuneConfig(Section):
     epochs: int = Field(3, ge=1, description="Classification epochs.")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    seed: int = Field(42)
-    weighted_sampler: bool = Field(True, description="WeightedRandomSampler over inverse class frequency.")
+    batch_size: int = Field(32, ge=1, description="Reviews per training batch.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate of AdamW (linear warm-up, then linear decay).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Share of the training steps spent warming up the "
+                                "learning rate.")
+    seed: int = Field(42, description="Seed of the head initialisation, batch order and MLM masks.")
+    weighted_sampler: bool = Field(False, description="WeightedRandomSampler over inverse class frequency (with "
+                                   "class_weighted_loss as well, rare classes are over-weighted).")
     class_weighted_loss: bool = Field(True, description="Cross-entropy weighted by inverse class frequency.")
     length_grouping: bool = Field(True, description="Group similar lengths per batch (dynamic padding).")
     length_group_batches: int = Field(
@@ -110,15 +160,16 @@ class FinetuneConfig(Section):
     mlm_weight: float = Field(0.5, ge=0, description="Weight of the MLM loss in joint training (dapt: 0 = "
                               "classification-only epochs after the MLM stage).")
     joint_passes: Literal[1, 2] = Field(
-        2, description="Joint training forwards per step: 2 = classify the clean batch and run MLM on a masked "
+        1, description="Joint training forwards per step: 2 = classify the clean batch and run MLM on a masked "
         "copy; 1 = classify the masked copy too, pooling over its unmasked tokens (one pass: faster, masking "
         "acts as token dropout).")
     mlm_prob: float = Field(0.15, gt=0, lt=1, description="Masking rate of MLM training.")
     mlm_warmup_max_steps: int = Field(400, ge=0, description="Cap of the MLM-head warm-up (head-less encoders).")
-    mlm_warmup_lr: float = Field(1e-3, gt=0)
+    mlm_warmup_lr: float = Field(1e-3, gt=0, description="Learning rate of the MLM-head warm-up.")
     mlm_warmup_patience: int = Field(30, ge=1, description="Steps without 1% improvement before the plateau stop.")
-    dapt_epochs: int = Field(2, ge=0)
-    dapt_lr: float = Field(5e-5, gt=0)
+    dapt_epochs: int = Field(2, ge=0, description="Epochs of domain-adaptive MLM before fine-tuning (alignment "
+                             "dapt).")
+    dapt_lr: float = Field(5e-5, gt=0, description="Learning rate of the dapt MLM epochs.")
     unlabeled_path: str | None = Field(
         None, description="Extra unlabeled texts for dapt: a local file (CSV, TSV, JSON Lines, JSON, Parquet, .pt; "
         "column data.text_column) or an MDSD domain folder. Only with alignment dapt.")
@@ -126,11 +177,16 @@ class FinetuneConfig(Section):
     max_grad_norm: float | None = Field(
         None, gt=0, description="Gradient-norm clipping of fine-tuning (null: off, as in the tutorial). Clipping "
         "at 1.0 cost 5.75 points of clean accuracy on MDSD electronics (bench/accuracy.py, frozen, seed 42).")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available, else CPU.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16/fp16 autocast on CUDA, fp32 on CPU; bf16 also autocasts on CPU "
-        "(pays on CPUs with native bf16: AVX512-BF16 or AMX).")
-    compile: bool = False
+        "bf16", description="auto: bf16/fp16 autocast on CUDA, fp32 on CPU; bf16 also autocasts on CPU "
+        "(pays on CPUs with native bf16: AVX512-BF16 or AMX; use fp32 on others).")
+    compile: bool = Field(False, description="torch.compile the model before training.")
+    augment: AugmentConfig | None = Field(
+        None, description="Robust training: also train on seeded, suite-corrupted copies of a share of the training "
+        "reviews, e.g. {families: [tutorial, keyboard], severities: [3], share: 0.5, seed: 1000} (keys families, "
+        "severities, share, seed; seed must differ from corruption.seed). The evaluate statistics then report "
+        "families trained on apart from held-out ones (augment_families). null: clean training texts only.")
     num_workers: int | None = Field(None, ge=0, description="DataLoader workers (default: from the machine).")
 
     @model_validator(mode="after")
@@ -166,26 +222,71 @@ class CorruptionConfig(Section):
 
 
 class TTTConfig(Section):
-    methods: list[Literal["none", "masked_ttt", "tent"]] = Field(["none", "masked_ttt"], min_length=1)
-    mask_prob: float = Field(0.1, gt=0, lt=1)
-    steps: int = Field(1, ge=1)
-    lr: float = Field(3e-5, gt=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    params: Literal["all", "layernorm", "top_k", "bias"] = "all"
+    methods: list[str] = Field(
+        ["none", "masked_ttt"], min_length=1,
+        description="Methods scored on every set: engines none, masked_ttt, tent, mask_ensemble (masked TTT's "
+        "no-gradient control: the same masks, predictions averaged, no weight change), the masked TTT recipes "
+        "masked_ttt_views (4 masked views per step), masked_ttt_sgd (3 SGD steps, momentum 0.9), "
+        "masked_ttt_lower_norm (LayerNorm/bias of the lower layers), masked_ttt_anchored (adapted prediction kept "
+        "only when the MLM loss fell and within anchor_kl_budget of the source), tent_filtered (Tent on "
+        "low-entropy reviews, reset on collapse); repairs such as spell in front of the model; compositions "
+        "repair+engine (spell+masked_ttt). Accuracy differences are reported against none, so keep it in the list.")
+    mask_seeds: list[int] | int = Field(
+        1, description="Mask seeds of the masked methods (masked_ttt, mask_ensemble): a count n (seeds seed, "
+        "seed+1, ..., seed+n-1) or a list. Each seed is scored; the gain is pooled over them.")
+    spell_max_edit_distance: int = Field(2, ge=1, le=3, description="spell: largest edit distance of a repair.")
+    spell_vocabulary: Literal["train", "none"] = Field(
+        "train", description="spell: also trust the words of the training texts (seen at least twice), so product "
+        "names survive; none: the shipped English dictionary only.")
+    mask_prob: float = Field(0.1, gt=0, lt=1, description="Share of the tokens masked for each TTT step.")
+    steps: int = Field(1, ge=1, description="Optimizer steps on the MLM loss per unit (batch or sample).")
+    lr: float = Field(3e-5, gt=0, description="Learning rate of the TTT steps.")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer of the TTT steps.")
+    params: Literal["all", "layernorm", "top_k", "bias", "lower_norm"] = Field(
+        "all", description="Parameters TTT adapts: all, the encoder LayerNorms, the last top_k encoder layers, the "
+        "encoder biases, or lower_norm (LayerNorm and bias parameters of the lower half of the encoder layers).")
     top_k: int = Field(2, ge=1, description="Layers adapted when params=top_k.")
     views: int = Field(1, ge=1, description="Masked views per input per step (loss averaged).")
     draws: int = Field(1, ge=1, description="masked_ttt: independent adaptations per unit, each on its own masks "
                        "from the source weights; predicted probabilities averaged (episodic only).")
     unit: Literal["batch", "sample"] = Field("batch", description="Adapt per batch or per sample.")
     online: bool = Field(False, description="Keep adapted weights across units (with a collapse guard).")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, description="Test reviews per batch (the TTT unit when unit is batch).")
     seed: int = Field(0, description="Seed of the TTT masks.")
-    tent_lr: float = Field(1e-4, gt=0)
-    tent_steps: int = Field(1, ge=1)
+    tent_lr: float = Field(1e-4, gt=0, description="Learning rate of Tent (entropy minimisation).")
+    tent_steps: int = Field(1, ge=1, description="Tent steps per batch.")
+    anchor_kl_budget: float = Field(
+        0.005, ge=0, description="masked_ttt_anchored: a review keeps its adapted prediction only when its held-out "
+        "MLM loss fell and KL(adapted || source) of its class distribution is at most this many nats (0: always "
+        "the source prediction; 0.005 is about the 90th percentile of the tutorial step's KL on corrupted MDSD "
+        "reviews).")
     score_clean: bool = Field(True, description="Also score TTT on clean text (its cost on clean accuracy).")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on CPU too (faster on "
         "CPUs with native bf16, logits within ~1e-2 of fp32).")
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, v: list[str]) -> list[str]:
+        from .defenses import registry
+
+        for name in v:
+            registry.parse(name)  # ValueError names the choices
+        return list(dict.fromkeys(v))
+
+    @field_validator("mask_seeds")
+    @classmethod
+    def _seeds(cls, v: list[int] | int) -> list[int] | int:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a count of mask seeds must be >= 1")
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("a list of mask seeds must be non-empty and without repeats")
+        return v
+
+    def seeds(self) -> list[int]:
+        """The mask seeds as a list (a count n gives seed, seed+1, ..., seed+n-1)."""
+        return list(self.mask_seeds) if isinstance(self.mask_seeds, list) else [self.seed + i for i in
+                                                                                  range(self.mask_seeds)]
 
     @model_validator(mode="after")
     def _draws_are_episodic(self) -> "TTTConfig":
@@ -195,12 +296,31 @@ class TTTConfig(Section):
         return self
 
 
+class EvaluationConfig(Section):
+    """How differences are judged: paired bootstrap intervals and exact McNemar tests (ttt_pipeline.stats)."""
+
+    resamples: int = Field(2000, ge=2000, description="Bootstrap resamples of every paired interval (>= 2,000).")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence level of the intervals.")
+    seed: int = Field(0, description="Seed of the bootstrap resamples.")
+    reference: str | None = Field(
+        None, description="Reference for the corruption errors (CE, mCE): an MLflow run id of an earlier pipeline "
+        "run, or models:/<name>@<alias> / models:/<name>/<version> (its source run); null: this run's own `none` "
+        "scores.")
+    default_defense: str | None = Field(
+        None, description="The defense the run recommends: its gain over none on the corrupted sets is the run "
+        "summary's defense_gain (with interval) and the terminal summary's headline. Must be one of ttt.methods "
+        "other than none; null: no defense_gain.")
+
+
 class TrackingConfig(Section):
-    tracking_uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI (sqlite or http).")
+    tracking_uri: str = Field(
+        "sqlite:///mlflow.db", description="MLflow tracking URI (sqlite or http). $TTT_TRACKING_URI, else "
+        "$MLFLOW_TRACKING_URI, set where the run starts (a worker, a shell) overrides it.")
     artifact_root: str = Field("mlruns", description="Artifact root of new experiments.")
-    experiment: str = Field("ttt-pipeline")
-    run_name: str | None = None
-    log_model: bool = Field(True, description="Log the fine-tuned model as an artifact.")
+    experiment: str = Field("ttt-pipeline", description="MLflow experiment of the runs (created when missing).")
+    run_name: str | None = Field(None, description="Name of the MLflow pipeline run (null: MLflow picks one).")
+    log_model: bool = Field(True, description="Log the fine-tuned model as an MLflow Model (python_function: "
+                            "`ttt-pipeline predict`, `mlflow models serve`; the registry registers it).")
 
 
 class ExecutionConfig(Section):
@@ -219,23 +339,84 @@ class RegistryConfig(Section):
     metric: str = Field("acc_ttt", description="Robustness metric that decides the `champion` alias (higher wins).")
 
 
+class AttributionConfig(Section):
+    """Training-data attribution (TRAK) of the predictions corruption flipped and defenses fixed or broke."""
+
+    enabled: bool = Field(False, description="Run the attribute step after evaluate (TRAK: which training reviews "
+                          "support and oppose each explained prediction). Off: the run is unchanged.")
+    params: str = Field("head+last1", description="Parameters TRAK takes gradients of: head (the classification "
+                        "head) or head+lastN (and the last N encoder layers).")
+    top_k: int = Field(10, ge=1, le=200, description="Supporting and opposing training reviews kept per target.")
+    proj_dim: int = Field(512, ge=8, description="Dimension of TRAK's random projection of the gradients (capped at "
+                          "half the attributed training reviews; a multiple of 512 uses fast_jl on a GPU).")
+    max_train: int = Field(2000, ge=16, description="Training reviews attributed (a seeded sample when there are "
+                           "more).")
+    max_targets: int = Field(20, ge=1, description="Test reviews explained (drawn round-robin over reasons).")
+    reasons: list[Literal["flip", "fixed", "broke"]] = Field(
+        ["flip", "fixed", "broke"], min_length=1, description="Which reviews to explain: flip (corruption changed "
+        "the undefended prediction), fixed / broke (a defense got right / wrong what the undefended model got wrong / "
+        "right).")
+    batch_size: int = Field(128, ge=1, description="Reviews per TRAK featurize call, projected at once (memory: "
+                            "batch x attributed parameters x 4 bytes).")
+    seed: int = Field(0, description="Seed of the projection, the training sample and the target draw.")
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: str) -> str:
+        if not re.fullmatch(r"head(\+last[1-9][0-9]*)?", v):
+            raise ValueError(f"'{v}' is not head or head+lastN (N >= 1), e.g. head+last1")
+        return v
+
+    @field_validator("reasons")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
 class PipelineConfig(Section):
     """The whole pipeline; sections map one-to-one to stages."""
 
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    finetune: FinetuneConfig = FinetuneConfig()
-    corruption: CorruptionConfig = CorruptionConfig()
-    ttt: TTTConfig = TTTConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    execution: ExecutionConfig = ExecutionConfig()
-    registry: RegistryConfig = RegistryConfig()
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Source, columns, labels, splits and caps, domain-shift test sets.")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="Encoder, max length, classification head, pooling.")
+    finetune: FinetuneConfig = Field(
+        default_factory=FinetuneConfig, description="Epochs, batch, learning rate, sampler and loss weighting, MLM "
+        "alignment mode, early stopping, device and precision.")
+    corruption: CorruptionConfig = Field(
+        default_factory=CorruptionConfig, description="Corruption families and severities of the test set, seed.")
+    ttt: TTTConfig = Field(
+        default_factory=TTTConfig, description="Test-time methods scored, masking, steps, learning rate, adapted "
+        "parameters, units, precision.")
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig, description="How differences are judged: bootstrap intervals, McNemar "
+        "tests, the reference of the corruption errors.")
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="MLflow tracking URI, artifact root, experiment, run name.")
+    execution: ExecutionConfig = Field(
+        default_factory=ExecutionConfig, description="In-process, or the heavy stages as deployments on the GPU "
+        "work pool.")
+    registry: RegistryConfig = Field(
+        default_factory=RegistryConfig, description="MLflow model registry name and the metric that decides the "
+        "`champion` alias.")
+    attribution: AttributionConfig = Field(
+        default_factory=AttributionConfig, description="Optional TRAK attribution step: training reviews behind the "
+        "predictions corruption flipped and defenses fixed or broke.")
     store: str = Field(".cache", description="Root of cached step outputs (paths + digests).")
 
     @model_validator(mode="after")
     def _joint_needs_weight(self) -> "PipelineConfig":
         if self.finetune.alignment == "joint" and self.finetune.mlm_weight == 0:
             raise ValueError("finetune.mlm_weight must be > 0 with alignment joint (or use frozen)")
+        augment = self.finetune.augment
+        if augment is not None and augment.seed == self.corruption.seed:
+            raise ValueError(f"finetune.augment.seed ({augment.seed}) equals corruption.seed: the training copies "
+                             "would share the test corruption's random stream; set finetune.augment.seed to another "
+                             "value")
+        default = self.evaluation.default_defense
+        if default is not None and (default == "none" or default not in self.ttt.methods):
+            raise ValueError(f"evaluation.default_defense {default!r} must be one of ttt.methods other than none "
+                             f"({[m for m in self.ttt.methods if m != 'none']}): add it to ttt.methods or change it")
         if self.finetune.unlabeled_path and not (self.finetune.alignment == "dapt" and self.finetune.dapt_epochs > 0):
             raise ValueError("finetune.unlabeled_path is only read by dapt: set finetune.alignment=dapt and "
                              "finetune.dapt_epochs > 0, or drop unlabeled_path")
@@ -264,7 +445,7 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         field = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `ttt-pipeline config --show` lists the fields)"
+            msg = "unknown field (check the spelling; `ttt-pipeline config --schema` lists the fields)"
         lines.append(f"config field '{field}': {msg}")
     return f"invalid configuration from {origin}: " + "; ".join(lines)
 
@@ -355,3 +536,12 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, origin), "fix the field named above") from None
+
+
+DEFAULT_PRESET = "demo"
+
+
+def default_config() -> PipelineConfig:
+    """The flows' default `config` (the Prefect UI's form, the deployments): the demo preset, a measured recipe
+    that runs offline on the shipped reviews from the project folder."""
+    return load_config(DEFAULT_PRESET)

@@ -45,6 +45,24 @@ def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int
     return np.concatenate(out) if out else np.zeros((0, model.meta.num_labels), dtype=np.float32)
 
 
+def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max_length: int, batch_size: int,
+                  device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
+                  repairs: list[Callable[[list[str]], list[str]]] | None = None) -> np.ndarray:
+    """Class logits of `texts` under a method name (`none`, `masked_ttt`, `spell`, `spell+masked_ttt`, ...).
+
+    `settings` is a TTTConfig or TTTSettings (its `seed` is the mask seed); `repairs` are the method's text
+    repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
+    from .defenses import registry
+    from .ttt import TTTSettings, settings_from_config
+
+    m = registry.parse(method)
+    engine_settings = settings if isinstance(settings, TTTSettings) else settings_from_config(settings)
+    for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
+        texts = fix(texts)
+    engine = registry.build_engine(m, model, tokenizer, engine_settings)
+    return predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
+
+
 def score(logits: np.ndarray, labels: list[int], n: int) -> dict:
     return summarize(labels, logits.argmax(-1).tolist(), n)
 
@@ -72,9 +90,30 @@ def headline(rows: list[dict]) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def method_tag(method: str) -> str:
+    """MLflow-safe short name of a method: masked_ttt -> ttt, spell+masked_ttt -> spell-ttt."""
+    return method.replace("masked_ttt", "ttt").replace("+", "-")
+
+
 def metric_name(row: dict) -> str:
     """MLflow-chartable names: acc/clean/none, acc/keyboard/3/ttt, acc/shift_kitchen/tent ..."""
-    method = {"none": "none", "masked_ttt": "ttt", "tent": "tent"}[row["method"]]
+    method = method_tag(row["method"])
     if row["kind"] == "corrupted":
         return f"{row['family']}/{row['severity']}/{method}"
     return f"{row['set']}/{method}"
+
+
+def seed_means(rows: list[dict]) -> list[dict]:
+    """One row per set and method: accuracy and macro-F1 averaged over mask seeds (`mask_seeds` lists them)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["set"], r["method"])
+        if key not in out:
+            out[key] = {**r, "accs": [], "f1s": [], "mask_seeds": []}
+        out[key]["accs"].append(r["acc"])
+        out[key]["f1s"].append(r["macro_f1"])
+        if r.get("mask_seed") is not None:
+            out[key]["mask_seeds"].append(r["mask_seed"])
+    return [{**{k: v for k, v in r.items() if k not in ("accs", "f1s")}, "acc": float(np.mean(r["accs"])),
+             "macro_f1": float(np.mean(r["f1s"])), "acc_per_seed": r["accs"] if r["mask_seeds"] else None}
+            for r in out.values()]

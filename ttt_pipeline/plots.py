@@ -14,9 +14,21 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-METHOD_LABEL = {"none": "no adaptation", "masked_ttt": "masked TTT", "tent": "Tent"}
+METHOD_LABEL = {"none": "no adaptation", "masked_ttt": "masked TTT", "tent": "Tent",
+                "mask_ensemble": "mask ensemble (TTT's control)", "spell": "spelling repair",
+                "spell+masked_ttt": "spelling repair + masked TTT"}
 METHOD_STYLE = {"none": dict(color="#d62728", marker="o"), "masked_ttt": dict(color="#2ca02c", marker="s"),
-                "tent": dict(color="#1f77b4", marker="^")}
+                "tent": dict(color="#1f77b4", marker="^"), "mask_ensemble": dict(color="#7f7f7f", marker="v"),
+                "spell": dict(color="#9467bd", marker="D"), "spell+masked_ttt": dict(color="#8c564b", marker="P")}
+_EXTRA = ["#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
+
+
+def _label(m: str) -> str:
+    return METHOD_LABEL.get(m, m)
+
+
+def _style(m: str, i: int) -> dict:
+    return METHOD_STYLE.get(m, dict(color=_EXTRA[i % len(_EXTRA)], marker="x"))
 DPI = 100
 
 
@@ -105,13 +117,18 @@ def clean_accuracy(rows: list[dict], method: str) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def severity_series(rows: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """family -> method -> [(severity, accuracy)] sorted by severity, from the corrupted rows."""
-    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for r in rows:
+def severity_series(rows: list[dict]) -> dict[str, dict[str, list[tuple]]]:
+    """family -> method -> [(severity, accuracy, ci_low, ci_high)] sorted by severity, from the corrupted rows
+    (accuracy averaged over mask seeds; the interval of the first seed's row, or the accuracy itself)."""
+    from .evaluate import seed_means
+
+    out: dict[str, dict[str, list[tuple]]] = {}
+    for r in seed_means(rows):
         if r["kind"] != "corrupted":
             continue
-        out.setdefault(r["family"], {}).setdefault(r["method"], []).append((int(r["severity"]), float(r["acc"])))
+        acc = float(r["acc"])
+        out.setdefault(r["family"], {}).setdefault(r["method"], []).append(
+            (int(r["severity"]), acc, float(r.get("acc_ci_low", acc)), float(r.get("acc_ci_high", acc))))
     for fam in out.values():
         for m in fam:
             fam[m].sort()
@@ -126,17 +143,18 @@ def accuracy_vs_severity(rows: list[dict]) -> Figure:
     nrows = -(-len(fams) // cols)
     fig = _figure(4.6 * cols, 3.6 * nrows)
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
-    methods = [m for m in METHOD_LABEL if any(r["method"] == m for r in rows)]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
     for ax, fam in zip(axes, fams):
         for i, m in enumerate(methods):
             pts = series.get(fam, {}).get(m)
             if pts:
-                sev, acc = zip(*pts)
+                sev, acc, lo, hi = map(np.asarray, zip(*pts))
                 dx = (i - (len(methods) - 1) / 2) * 0.06  # equal values stay visible side by side
-                ax.plot([s + dx for s in sev], acc, label=METHOD_LABEL[m], **METHOD_STYLE[m])
+                ax.errorbar(sev + dx, acc, yerr=[np.maximum(acc - lo, 0), np.maximum(hi - acc, 0)], capsize=3,
+                            label=_label(m), **_style(m, i))
             clean = clean_accuracy(rows, m)
             if clean is not None:
-                ax.axhline(clean, ls=":", lw=1, color=METHOD_STYLE[m]["color"], label=f"clean, {METHOD_LABEL[m]}")
+                ax.axhline(clean, ls=":", lw=1, color=_style(m, i)["color"], label=f"clean, {_label(m)}")
         ax.set(title=fam, xlabel="severity", ylabel="accuracy", ylim=(0, 1.02), xlim=(0.5, 5.5), xticks=range(1, 6))
         ax.grid(alpha=0.3)
     for ax in axes[len(fams):]:
@@ -144,7 +162,7 @@ def accuracy_vs_severity(rows: list[dict]) -> Figure:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=min(4, len(handles)))
-    fig.suptitle("Accuracy versus corruption severity, without and with TTT (dotted: clean text)")
+    fig.suptitle("Accuracy versus corruption severity per defense, 95% bootstrap intervals (dotted: clean text)")
     return fig
 
 
@@ -217,14 +235,25 @@ def per_class_recall(rows: list[dict], label_names: list[str]) -> Figure:
     return fig
 
 
-def grid_table(rows: list[dict]) -> list[dict]:
-    """The evaluation grid as flat table rows (no matrices), for table artifacts."""
+def grid_table(rows: list[dict], comparisons: list[dict] | None = None) -> list[dict]:
+    """The evaluation grid as flat table rows (no matrices), for table artifacts: accuracy (mean over mask
+    seeds) and, for a defense, its paired difference from `none` on the same set with interval and verdict."""
+    from .evaluate import seed_means
+    from .stats import verdict
+
+    diffs = {(c["set"], c["method"]): c for c in comparisons or [] if c["comparison"] == "method"}
     out = []
-    for r in rows:
+    for r in seed_means(rows):
+        d = diffs.get((r["set"], r["method"]))
         out.append({"kind": r["kind"], "set": r["set"], "family": r.get("family") or "",
                     "severity": "" if r.get("severity") is None else int(r["severity"]),
-                    "method": r["method"], "acc": round(float(r["acc"]), 4),
-                    "macro_f1": round(float(r["macro_f1"]), 4), "n": int(r["n"]),
+                    "method": r["method"], "mask_seeds": len(r.get("mask_seeds") or []) or "",
+                    "acc": round(float(r["acc"]), 4), "macro_f1": round(float(r["macro_f1"]), 4),
+                    "vs_none": "" if d is None else round(d["delta"], 4),
+                    "ci_low": "" if d is None else round(d["ci_low"], 4),
+                    "ci_high": "" if d is None else round(d["ci_high"], 4),
+                    "p_mcnemar": "" if d is None else round(d["p_mcnemar"], 4),
+                    "verdict": "" if d is None else verdict(d), "n": int(r["n"]),
                     "samples_per_s": round(float(r.get("samples_per_s", 0.0)), 1)})
     return out
 

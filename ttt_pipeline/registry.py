@@ -1,10 +1,12 @@
 """MLflow model registry: every pipeline run registers its model; the best one holds the `champion` alias.
 
-What is registered: the fine-tune child run's `model` artifact (a plain folder: encoder/, head.safetensors,
-tokenizer/, meta.json, labels.json), as `create_model_version(source=<that run's artifact URI>/model,
-run_id=<fine-tune child run>)`. The source therefore lies inside its run's artifact folder, which is what an
-MLflow server's source validation asks for, and the version's lineage points at the run that wrote the files.
-No pyfunc flavour: load a version with `ttt_pipeline.model.load_model(<downloaded folder>)`.
+What is registered: the MLflow Model the fine-tune child run logged as its output (`ttt_pipeline.mlflow_model`:
+a python_function flavour, so `models:/<name>@champion` loads with `mlflow.pyfunc.load_model`,
+`mlflow models serve` and `ttt-pipeline predict`), as `create_model_version(source=<the LoggedModel's artifact
+location>, run_id=<fine-tune child run>, model_id=<its model id>)`: the source lies inside the model's artifact
+folder, which is what an MLflow server's source validation asks for, and the version's lineage points at both
+the logged model and the run. A run logged before models were MLflow Models (a plain `model` artifact folder:
+encoder/, head.safetensors, tokenizer/, meta.json, labels.json) registers `<run artifact URI>/model` instead.
 
 The decision: the candidate's value of `registry.metric` (default acc_ttt, higher is better) is the pipeline
 (parent) run's metric. The champion's value is read from the champion version's source run, and from that
@@ -46,6 +48,7 @@ class RegistryResult:
     champion_after: str | None = None
     source: str | None = None
     source_run_id: str | None = None
+    model_id: str | None = None
 
     @property
     def promoted(self) -> bool:
@@ -130,16 +133,44 @@ def champion_value(client, version, metric: str) -> float | None:
 
 
 def find_model_run(client, parent_run_id: str):
-    """The newest fine-tune child run of this pipeline run that holds a `model` artifact, or None."""
+    """The newest fine-tune child run of this pipeline run that logged a model (an MLflow Model, or a plain
+    `model` artifact folder), or None."""
+    from .mlflow_model import logged_model_id
+
     parent = client.get_run(parent_run_id)
     children = client.search_runs(
         [parent.info.experiment_id],
         f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'finetune'",
         order_by=["attributes.start_time DESC"])
     for run in children:
-        if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT):
+        if logged_model_id(client, run.info.run_id) or client.list_artifacts(run.info.run_id, MODEL_ARTIFACT):
             return run
     return None
+
+
+def model_source(client, model_run) -> tuple[str, str | None]:
+    """(source, model id) to register for a fine-tune run: its MLflow Model, else its plain `model` folder."""
+    from .mlflow_model import logged_model_id
+
+    model_id = logged_model_id(client, model_run.info.run_id)
+    if model_id:
+        return client.get_logged_model(model_id).artifact_location, model_id
+    return f"{model_run.info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}", None
+
+
+def link_version(client, model_id: str, name: str, version: str) -> None:
+    """Record the registered version on the logged model (tag mlflow.modelVersions, as mlflow.register_model
+    does), so the model's page in the UI lists it."""
+    import json
+
+    tag = "mlflow.modelVersions"
+    try:
+        current = json.loads(client.get_logged_model(model_id).tags.get(tag) or "[]")
+        if not any(v.get("name") == name and str(v.get("version")) == str(version) for v in current):
+            client.set_logged_model_tags(model_id, {tag: json.dumps(current + [{"name": name,
+                                                                                 "version": str(version)}])})
+    except Exception as exc:  # the version exists and works; only the UI's back link would be missing
+        log.warning("could not link model version %s v%s to logged model %s: %s", name, version, model_id, exc)
 
 
 def log_decision(client, parent_run_id: str, result: RegistryResult) -> None:
@@ -165,7 +196,7 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
         candidate_value = run_metric(client, parent_run_id, metric, follow_parent=False)
     model_run = find_model_run(client, parent_run_id)
     if model_run is None:
-        result = RegistryResult(model_name, metric, "skipped", "no fine-tune run with a `model` artifact "
+        result = RegistryResult(model_name, metric, "skipped", "no fine-tune run with a logged model "
                                 "(tracking.log_model=false?)", candidate_value=candidate_value)
         log_decision(client, parent_run_id, result)
         return result
@@ -175,7 +206,7 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
     champ_version = str(champ.version) if champ is not None else None
     champ_value = champion_value(client, champ, metric) if champ is not None else None
 
-    source = f"{model_run.info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}"
+    source, model_id = model_source(client, model_run)
     tags = {"parent_run_id": parent_run_id, "metric": metric,
             f"metric.{metric}": "" if candidate_value is None else repr(float(candidate_value))}
     existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{model_run.info.run_id}'")
@@ -186,7 +217,10 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
     else:
         mv = client.create_model_version(model_name, source, run_id=model_run.info.run_id, tags=tags,
                                          description=f"pipeline run {parent_run_id}; {metric}="
-                                         f"{'n/a' if candidate_value is None else f'{candidate_value:.4f}'}")
+                                         f"{'n/a' if candidate_value is None else f'{candidate_value:.4f}'}",
+                                         model_id=model_id)
+    if model_id:
+        link_version(client, model_id, model_name, str(mv.version))
     promote, reason = decide(candidate_value, champ_version, champ_value)
     if promote:
         client.set_registered_model_alias(model_name, CHAMPION, mv.version)
@@ -194,7 +228,7 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
                             candidate_value=candidate_value, champion_before=champ_version,
                             champion_before_value=champ_value,
                             champion_after=str(mv.version) if promote else champ_version,
-                            source=source, source_run_id=model_run.info.run_id)
+                            source=source, source_run_id=model_run.info.run_id, model_id=model_id)
     client.set_model_version_tag(model_name, mv.version, "decision", result.decision)
     client.set_model_version_tag(model_name, mv.version, "decision_reason", reason)
     log_decision(client, parent_run_id, result)

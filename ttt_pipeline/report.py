@@ -1,6 +1,12 @@
-"""Human-readable summaries of a run: the headline table (terminal and markdown)."""
+"""Human-readable summaries of a run: the headline table and its paired differences (terminal and markdown).
+
+Differences are read from the flat metrics (`name`, `name_ci_low`, `name_ci_high`, ...: what the run logs to
+MLflow), so the run's summary, `ttt-pipeline report` and the Prefect artifact print the same numbers.
+"""
 
 from __future__ import annotations
+
+from .stats import verdict
 
 ROWS = [("acc_clean", "clean accuracy"), ("acc_corrupted", "corrupted accuracy"),
         ("acc_ttt", "corrupted accuracy with masked TTT"), ("recovered_fraction", "recovered fraction of the drop"),
@@ -13,10 +19,69 @@ def fmt(v) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def headline_table(summary: dict) -> str:
+def difference_label(name: str) -> str | None:
+    """What a flat difference metric compares, in words; None for per-set ones (shown by the grid)."""
+    if name == "corruption_drop":
+        return "corruption drop (clean - corrupted, no defense)"
+    if name == "ttt_gain":
+        return "masked TTT - none, corrupted"
+    if name == "ttt_clean_change":
+        return "masked TTT - none, clean"
+    if name.startswith("ttt_shift_change_"):
+        return f"masked TTT - none, shift {name.removeprefix('ttt_shift_change_')}"
+    parts = name.split("/")
+    # gain/<method>/<corrupted|clean|shift_x>; per-set ones (gain/clean/<method>, gain/<family>/<sev>/<method>)
+    # are the grid's
+    if (parts[0] == "gain" and len(parts) == 3 and parts[1] != "ttt" and parts[1] != "clean"
+            and not parts[1].startswith("shift_") and (parts[2] in ("corrupted", "clean") or parts[2].startswith("shift_"))):
+        return f"{parts[1]} - none, {parts[2].replace('_', ' ')}"
+    return None
+
+
+def differences(metrics: dict) -> list[tuple[str, dict]]:
+    """(label, difference) for every headline difference among flat metrics, in a stable order."""
+    out = []
+    for name in metrics:
+        label = difference_label(name)
+        if label is None or f"{name}_ci_low" not in metrics:
+            continue
+        d = {"delta": metrics[name], **{k: metrics.get(f"{name}_{k}") for k in
+                                        ("ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant")}}
+        d["significant"] = bool(d["significant"])
+        out.append((label, d))
+    return out
+
+
+def difference_line(d: dict) -> tuple[str, str, str, str]:
+    """(difference in points, interval, McNemar p, verdict with helped/hurt counts)."""
+    return (f"{100 * d['delta']:+.2f}", f"[{100 * d['ci_low']:+.2f}, {100 * d['ci_high']:+.2f}]",
+            f"p={d['p_mcnemar']:.3g}", f"{verdict(d)} (helped {int(d['helped'])}, hurt {int(d['hurt'])})")
+
+
+def differences_table(metrics: dict, mask_seeds: int | None = None) -> str:
+    diffs = differences(metrics)
+    if not diffs:
+        return ""
+    width = max(len(label) for label, _ in diffs)
+    seeds = f", masked methods pooled over {mask_seeds} mask seeds" if mask_seeds else ""
+    lines = [f"paired differences in accuracy points (95% bootstrap interval over reviews, exact McNemar p{seeds}):"]
+    lines += [f"  {label:<{width}}  {'  '.join(difference_line(d))}" for label, d in diffs]
+    return "\n".join(lines)
+
+
+def headline_table(summary: dict, metrics: dict | None = None) -> str:
+    """The accuracies, then every headline difference with its interval and verdict (`metrics`: the flat
+    metrics of the run; taken from the summary's own objects when not given)."""
     lines = [(label, fmt(summary[key])) for key, label in ROWS if key in summary]
     width = max(len(label) for label, _ in lines) if lines else 10
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+    text = "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+    if metrics is None:
+        from .robustness import flat_metrics
+
+        metrics = flat_metrics(summary)
+    seeds = len((summary.get("ttt_gain") or {}).get("mask_seeds") or []) or None
+    table = differences_table(metrics, seeds)
+    return f"{text}\n\n{table}" if table else text
 
 
 def run_link(summary: dict, tracker=None) -> str:
@@ -26,11 +91,24 @@ def run_link(summary: dict, tracker=None) -> str:
     return f"{base}/#/experiments/{eid}/runs/{rid}"
 
 
+def differences_markdown(metrics: dict) -> str:
+    diffs = differences(metrics)
+    if not diffs:
+        return ""
+    body = "\n".join(f"| {label} | {' | '.join(difference_line(d))} |" for label, d in diffs)
+    return ("| paired difference | points | 95% interval | McNemar | verdict |\n|---|---|---|---|---|\n"
+            f"{body}\n\n")
+
+
 def headline_markdown(summary: dict, tracker=None) -> str:
+    from .robustness import flat_metrics
+
     rows = "\n".join(f"| {label} | {fmt(summary[key])} |" for key, label in ROWS if key in summary)
+    rows += "\n\n" + differences_markdown(flat_metrics(summary))
     reg = summary.get("registry") or {}
     registry = (f"Model registry: version {reg.get('version')} {reg.get('decision', '')} "
                 f"({reg.get('reason', '')})\n\n" if reg else "")
     return (f"# TTT pipeline run\n\n| metric | value |\n|---|---|\n{rows}\n\n"
-            f"Cached tasks: {summary.get('cached_tasks', 0)}/5 · wall time {summary.get('wall_s', 0):.1f} s\n\n"
+            f"Cached tasks: {summary.get('cached_tasks', 0)}/{len(summary.get('cached') or {}) or 5} · "
+            f"wall time {summary.get('wall_s', 0):.1f} s\n\n"
             f"{registry}MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n")

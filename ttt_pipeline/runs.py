@@ -2,14 +2,13 @@
 
 Both read the pipeline (parent) run through `MlflowClient`; a stage's child run id is accepted and resolved to
 its pipeline run. The tracking URI defaults to the demo preset's (`sqlite:///mlflow.db` in the current
-folder), or $TTT_TRACKING_URI, or --tracking-uri.
+folder), or $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, or --tracking-uri.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PipelineError
-from .report import ROWS, fmt
+from .report import ROWS, difference_line, differences, fmt
 
 SHOWN_PARAMS = ("model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
                 "corruption.severities", "ttt.methods", "ttt.mask_prob", "ttt.steps", "ttt.lr")
@@ -26,7 +25,9 @@ REGISTRY_TAGS = ("registry.model_name", "registry.version", "registry.decision",
 
 
 def default_tracking_uri() -> str:
-    env = os.environ.get("TTT_TRACKING_URI")
+    from .tracking import env_tracking_uri
+
+    env = env_tracking_uri()
     if env:
         return env
     from .config import load_config
@@ -83,7 +84,8 @@ def run_summary(run, client=None) -> dict[str, Any]:
            "experiment_id": run.info.experiment_id, "start_time": run.info.start_time,
            "metrics": {k: m[k] for k, _ in ROWS if k in m},
            "params": {k: p[k] for k in SHOWN_PARAMS if k in p},
-           "registry": {k.split(".", 1)[1]: t[k] for k in REGISTRY_TAGS if k in t}}
+           "registry": {k.split(".", 1)[1]: t[k] for k in REGISTRY_TAGS if k in t},
+           "differences": [{"what": label, **d} for label, d in differences(m)]}
     for k in ("cached_tasks", "wall_s"):
         if k in m:
             out[k] = m[k]
@@ -105,6 +107,8 @@ def format_report(s: dict) -> str:
             lines.append(f"  {label:<{width}}  {fmt(s['metrics'][key])}")
     if not s["metrics"]:
         lines.append("  (no headline metrics: the run failed or is still running)")
+    for d in s.get("differences", []):
+        lines.append(f"  {d['what']:<{width}}  {'  '.join(difference_line(d))}")
     for k, v in s["params"].items():
         lines.append(f"  {k:<{width}}  {v}")
     reg = s["registry"]
@@ -145,6 +149,12 @@ def format_compare(c: dict) -> str:
         lines += ["", "settings that differ:"]
         for k, v in c["params_differing"].items():
             lines.append(f"  {k:<{width - 2}}  A={v['a']}  B={v['b']}")
+    if c.get("paired"):
+        lines += ["", "B - A on the same reviews, accuracy points (95% paired bootstrap interval, McNemar p):"]
+        for d in c["paired"]:
+            lines.append(f"  {d['set'] + ' / ' + d['method']:<{width - 2}}  {'  '.join(difference_line(d))}")
+    elif c.get("paired") is None and "paired" in c:
+        lines += ["", "no paired comparison: a run has no stored per-review predictions"]
     champs = [n for n, s in (("A", a), ("B", b)) if s["registry"].get("is_champion")]
     if champs:
         holder = a if champs[0] == "A" else b
@@ -162,11 +172,53 @@ def cmd_report(args) -> int:
     return 0
 
 
+def run_predictions(client, pipeline_run):
+    """The per-review predictions table of a pipeline run's evaluate stage (None for runs made before it)."""
+    import tempfile
+
+    import pandas as pd
+
+    children = client.search_runs([pipeline_run.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{pipeline_run.info.run_id}' and "
+                                  "attributes.run_name = 'evaluate'")
+    if not children:
+        return None
+    with tempfile.TemporaryDirectory(prefix="ttt-preds-") as tmp:
+        try:
+            return pd.read_parquet(client.download_artifacts(children[0].info.run_id, "predictions.parquet", tmp))
+        except Exception:  # an older run without stored predictions: the comparison is unpaired
+            return None
+
+
+def paired_runs(pa, pb, resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """B minus A for every (set, method) both runs scored on the same reviews (same labels in the same order),
+    pooled over each run's mask seeds."""
+    from .stats import paired_difference
+
+    out = []
+    for (name, method), a in pa.groupby(["set", "method"], sort=False):
+        b = pb[(pb["set"] == name) & (pb["method"] == method)]
+        if b.empty:
+            continue
+        ca = a.pivot_table(index="index", columns=a["mask_seed"].fillna(-1), values="pred", aggfunc="first")
+        cb = b.pivot_table(index="index", columns=b["mask_seed"].fillna(-1), values="pred", aggfunc="first")
+        la = a.drop_duplicates("index").set_index("index")["label"].sort_index()
+        lb = b.drop_duplicates("index").set_index("index")["label"].sort_index()
+        if not la.equals(lb):
+            continue  # not the same reviews: no paired comparison
+        d = paired_difference(ca.to_numpy() == la.to_numpy()[:, None], cb.to_numpy() == lb.to_numpy()[:, None],
+                              resamples=resamples, seed=seed)
+        out.append({"set": name, "method": method, **d.to_dict()})
+    return out
+
+
 def cmd_compare(args) -> int:
     client, uri = open_client(args.tracking_uri or default_tracking_uri())
-    a = run_summary(get_pipeline_run(client, args.run_a, uri), client)
-    b = run_summary(get_pipeline_run(client, args.run_b, uri), client)
+    run_a, run_b = get_pipeline_run(client, args.run_a, uri), get_pipeline_run(client, args.run_b, uri)
+    a, b = run_summary(run_a, client), run_summary(run_b, client)
     c = compare_summaries(a, b)
+    pa, pb = run_predictions(client, run_a), run_predictions(client, run_b)
+    c["paired"] = paired_runs(pa, pb) if pa is not None and pb is not None else None
     print(json.dumps(c, default=str) if args.json else format_compare(c))
     sys.stdout.flush()
     return 0
@@ -175,7 +227,8 @@ def cmd_compare(args) -> int:
 def add_commands(subparsers) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: $TTT_TRACKING_URI, else the demo preset's sqlite:///mlflow.db)")
+                        help="MLflow tracking URI (default: $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, else "
+                        "the demo preset's sqlite:///mlflow.db)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     common.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 

@@ -31,6 +31,7 @@ def log_download(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
     tracker.metrics(run_id, {**{f"n_{s}": n for s, n in m["sizes"].items()},
                              "dropped_empty_text": m.get("dropped_empty_text", 0),
                              "dropped_missing_label": m.get("dropped_missing_label", 0),
+                             "dropped_by_label_map": m.get("dropped_by_label_map", 0),
                              "truncated_texts": m.get("truncated_texts", 0)})
     for split, n in m["sizes"].items():
         tracker.dataset(run_id, f"reviews-{split}", m["content_digest"], cfg.data.path, split)
@@ -44,7 +45,10 @@ def log_tokenise(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
     tracker.metrics(run_id, {"mean_tokens": out.meta["mean_tokens"], "truncated_share": out.meta["truncated_share"]})
 
 
-def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model: bool = True) -> None:
+def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model: bool = True,
+                 data: StepOutput | None = None) -> None:
+    """Params, curves, history and plots; with `log_model`, the classifier as an MLflow Model (`data`, the
+    download step's output, gives spell its training vocabulary)."""
     _common(tracker, run_id, out)
     tracker.params(run_id, {f"finetune.{k}": v for k, v in cfg.finetune.model_dump(mode="json").items()})
     tracker.params(run_id, {f"model.{k}": v for k, v in cfg.model.model_dump(mode="json").items()})
@@ -65,7 +69,28 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
     tracker.artifact(run_id, Path(out.path) / "history.json")
     log_plots(tracker, run_id, lambda d: _plots().write_finetune_plots(hist, d))
     if log_model:
-        tracker.artifact(run_id, Path(out.path) / "model", "model")
+        log_classifier(tracker, run_id, out, cfg, data)
+
+
+def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: StepOutput | None = None) -> str:
+    """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.mlflow_model`):
+    inference configuration = the run's recommended defense (`evaluation.default_defense`, else the first of
+    ttt.methods other than none) with its ttt.* settings; spell's vocabulary = the training texts' words seen
+    twice. Returns the model id."""
+    from .classifier import default_method, inference_config
+    from .mlflow_model import log_classifier_model
+
+    vocabulary = None
+    if data is not None:
+        from .data.prepare import load_prepared
+        from .defenses.vocabulary import training_vocabulary
+
+        vocabulary = training_vocabulary(load_prepared(data.path)[0]["train"]["text"])
+    method = getattr(cfg.evaluation, "default_defense", None) or default_method(cfg.ttt.methods)
+    model_id = log_classifier_model(tracker.client, run_id, Path(out.path) / "model",
+                                    inference_config(cfg.ttt, method), vocabulary)
+    tracker.tags(run_id, {"logged_model_id": model_id})
+    return model_id
 
 
 def log_corrupt(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
@@ -85,26 +110,61 @@ def log_corrupt(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
     tracker.client.log_table(run_id, data=table, artifact_file="corruption_examples.json")
 
 
-def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results: dict, cfg) -> dict:
+def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_rows: list[dict] | None = None) -> dict:
+    """Paired statistics of the stored predictions (ttt_pipeline.robustness): the run's contract objects, the
+    per-set comparisons and the scalar headline."""
+    from . import robustness
+    from .steps import read_predictions
+
+    ev = cfg.evaluation
+    kw = dict(resamples=ev.resamples, confidence=ev.confidence, seed=ev.seed)
+    preds = read_predictions(outs)
+    n = len(results["label_names"])
+    stats = robustness.run_statistics(results["rows"], preds, cfg.ttt.seeds(), reference_rows, n,
+                                      default_defense=cfg.evaluation.default_defense,
+                                      augment_families=cfg.finetune.augment.families if cfg.finetune.augment else None,
+                                      **kw)
+    per_set = robustness.comparisons(preds, n, **kw)
+    return {"stats": stats, "comparisons": per_set, "headline": headline(results["rows"]), "predictions": preds}
+
+
+def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results: dict, cfg,
+                 reference_rows: list[dict] | None = None) -> dict:
+    """Accuracy per set and method (mean over mask seeds, and per seed), the paired statistics with their
+    interval companions, the per-review predictions and the plots; returns the headline and statistics."""
+    from . import robustness
+    from .evaluate import seed_means
+
     for out in outs:
         _common(tracker, run_id, out)
     tracker.params(run_id, {f"ttt.{k}": v for k, v in cfg.ttt.model_dump(mode="json").items()})
+    tracker.params(run_id, {f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump(mode="json").items()})
     rows = results["rows"]
     metrics = {}
-    for r in rows:
+    for r in seed_means(rows):
         metrics[f"acc/{metric_name(r)}"] = r["acc"]
         metrics[f"macro_f1/{metric_name(r)}"] = r["macro_f1"]
         if r["method"] != "none":
-            metrics[f"samples_per_s/{r['method']}"] = r["samples_per_s"]
-    head = headline(rows)
-    tracker.metrics(run_id, {**metrics, **head})
+            metrics[f"samples_per_s/{r['method'].replace('+', '-')}"] = r["samples_per_s"]
+    for r in rows:
+        if r.get("mask_seed") is not None:
+            metrics[f"acc/{metric_name(r)}/seed_{r['mask_seed']}"] = r["acc"]
+    ev = evaluation_statistics(outs, results, cfg, reference_rows)
+    head = ev["headline"]
+    flat = robustness.flat_metrics(ev["stats"], ev["comparisons"])
+    tracker.metrics(run_id, {**metrics, **head, **flat})
     tracker.dict(run_id, results, "evaluation.json")
+    tracker.dict(run_id, {**ev["stats"], "comparisons": ev["comparisons"]}, "statistics.json")
+    with tempfile.TemporaryDirectory(prefix="ttt-preds-") as tmp:  # one table, however many evaluate shares
+        ev["predictions"].to_parquet(Path(tmp) / "predictions.parquet", index=False)
+        tracker.artifact(run_id, Path(tmp) / "predictions.parquet")
     if results["samples"]:
         cols = sorted({k for s in results["samples"] for k in s})
         tracker.client.log_table(run_id, data={c: [s.get(c, "") for s in results["samples"]] for c in cols},
                                  artifact_file="sample_predictions.json")
     log_plots(tracker, run_id, lambda d: _plots().write_evaluation_plots(results, d))
-    return head
+    return {"headline": head, "stats": {k: ev["stats"][k] for k in robustness.CONTRACT if k in ev["stats"]},
+            "gains": ev["stats"]["gains"], "comparisons": ev["comparisons"], "flat": flat}
 
 
 def _plots():
@@ -128,3 +188,56 @@ def log_plots(tracker: Tracker, run_id: str, write: Callable[[Path], list[Path]]
         logging.getLogger(__name__).warning("plots for run %s failed: %s: %s", run_id, type(exc).__name__, exc)
         tracker.tags(run_id, {"plots_error": f"{type(exc).__name__}: {exc}"[:500]})
         return []
+
+
+def reference_rows(tracker: Tracker, reference: str | None) -> list[dict] | None:
+    """The `none` rows of a reference run's evaluation (evaluation.reference): an MLflow run id (pipeline run
+    or its evaluate stage) or models:/<name>@<alias> / models:/<name>/<version> (the version's source run)."""
+    from .errors import ConfigError
+    from .runs import get_pipeline_run
+
+    if not reference:
+        return None
+    client = tracker.client
+    run_id = reference
+    if reference.startswith("models:/"):
+        name, _, rest = reference[len("models:/"):].partition("@")
+        try:
+            mv = (client.get_model_version_by_alias(name, rest) if rest else
+                  client.get_model_version(*reference[len("models:/"):].split("/", 1)))
+        except Exception as exc:
+            raise ConfigError(f"evaluation.reference {reference!r} names no model version ({type(exc).__name__})",
+                              "give a run id, models:/<name>@<alias> or models:/<name>/<version>") from None
+        run_id = mv.run_id
+    parent = get_pipeline_run(client, run_id, tracker.uri)
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}' and attributes.run_name = 'evaluate'")
+    if not children:
+        raise ConfigError(f"evaluation.reference {reference!r}: run {parent.info.run_id} has no evaluate stage",
+                          "reference a finished pipeline run")
+    with tempfile.TemporaryDirectory(prefix="ttt-ref-") as tmp:
+        path = client.download_artifacts(children[0].info.run_id, "evaluation.json", tmp)
+        rows = json.loads(Path(path).read_text())["rows"]
+    return [r for r in rows if r["method"] == "none"]
+
+
+def log_attribute(tracker: Tracker, run_id: str, out: StepOutput, cfg, result: dict) -> None:
+    """TRAK attribution (ttt_pipeline.attribution): its settings, sizes and timings, the table `attribution.json`
+    (one row per explained prediction x supporting/opposing x rank) and the full result
+    `attribution_targets.json` (what `ttt-pipeline explain` reads)."""
+    from .attribution import table_rows
+
+    _common(tracker, run_id, out)
+    tracker.params(run_id, {f"attribution.{k}": v for k, v in cfg.attribution.model_dump(mode="json").items()})
+    tracker.params(run_id, {"attribution.projector": result.get("projector"),
+                            "attribution.proj_dim_used": result.get("proj_dim")})
+    tracker.metrics(run_id, {"n_train": result["n_train"], "n_targets": result["n_targets"],
+                             "grad_dim": result.get("grad_dim"), "n_models": result.get("n_models"),
+                             **{f"attribution_{k}": v for k, v in (result.get("timings") or {}).items()},
+                             **{f"n_targets/{r}": sum(r in t["reasons"] for t in result["targets"])
+                                for r in ("flip", "fixed", "broke")}})
+    rows = table_rows(result)
+    if rows:
+        tracker.client.log_table(run_id, data={c: [r[c] for r in rows] for c in rows[0]},
+                                 artifact_file="attribution.json")
+    tracker.dict(run_id, result, "attribution_targets.json")

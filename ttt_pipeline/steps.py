@@ -18,7 +18,7 @@ from .config import PipelineConfig
 from .storage import StepOutput, StepStore
 
 Progress = Callable[[str, int, int, dict], None]
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "1"}
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "2"}
 # Settings that do not change a CPU run's results. `precision` is not one: bf16 autocasts on CPU too.
 DEVICE_ONLY = {"device", "num_workers", "compile"}
 
@@ -70,7 +70,8 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
 
 
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
-    ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items() if k not in DEVICE_ONLY}
+    ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items()
+          if k not in DEVICE_ONLY and not (k == "augment" and v is None)}  # off: the keys of before it existed
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
         from .data.sources import source_fingerprint
@@ -116,6 +117,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
         names = [label_names[str(i)] for i in range(len(label_names))]
         ds = load_from_disk(str(Path(tokens.path) / "dataset"))
         extra_texts = unlabeled_texts(cfg) if cfg.finetune.unlabeled_path else None  # read once, not per attempt
+        augmented: dict = {}  # finetune.augment's summary (copies per family and severity)
 
         def attempt(batch_size: int):
             ft, wd = cfg.finetune, work
@@ -124,7 +126,14 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
             torch.manual_seed(cfg.finetune.seed)  # the head's init must not depend on what ran before in this process
             model, tokenizer = build_classifier(cfg.model, names)
             unlabeled = lengths_dataset(tokenizer, extra_texts, cfg.model.max_length) if extra_texts else None
-            return model, tokenizer, train(model, tokenizer, ds["train"], ds["validation"] if "validation" in ds
+            train_ds = ds["train"]
+            if cfg.finetune.augment is not None:  # robust training: seeded corrupted copies of training reviews
+                from .augment import augment_dataset
+
+                train_ds, aug = augment_dataset(ds["train"], ds["train"]["text"], tokenizer, cfg.model.max_length,
+                                                cfg.finetune.augment)
+                augmented.update(aug.summary())
+            return model, tokenizer, train(model, tokenizer, train_ds, ds["validation"] if "validation" in ds
                                            else None, ft, wd, progress, unlabeled)
 
         (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
@@ -138,7 +147,8 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 "mlm_warmup_steps": len(result.warmup_curve),
                 "mlm_warmup_final_loss": (sum(result.warmup_curve[-10:]) / len(result.warmup_curve[-10:])
                                           if result.warmup_curve else None),
-                "final": result.history[-1] if result.history else {}, **oom}
+                "final": result.history[-1] if result.history else {}, **oom,
+                **({"augment": augmented} if augmented else {})}
 
     out = store.run("finetune", inputs, build, _v("finetune"))
     if not out.cached:
@@ -204,17 +214,19 @@ def evaluate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
     return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest, "sets": chosen,
             "clean": families is None or "clean" in families, "ttt": cfg.ttt.model_dump(mode="json"),
+            "evaluation": cfg.evaluation.model_dump(mode="json", exclude={"reference", "default_defense"}),
             "max_length": cfg.model.max_length}
 
 
 def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
              store: StepStore, families: list[str] | None = None, progress: Progress | None = None) -> StepOutput:
-    """Scores clean / corrupted / shifted sets under every method; `families` restricts the corrupted sets
-    (one evaluation per family lets several workers share the grid)."""
+    """Scores clean / corrupted / shifted sets under every method (masked ones once per mask seed); `families`
+    restricts the corrupted sets (one evaluation per family lets several workers share the grid).
+
+    Writes `results.json` (one row per set x method x mask seed) and `predictions.parquet` (every review's
+    predicted class and class probabilities), so any comparison can be made paired, after the fact."""
     from .data.prepare import load_prepared
-    from .evaluate import predict, score
     from .model import load_model, pick_device
-    from .ttt import build_engine
 
     sets_meta = corrupt_out.meta["sets"]
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
@@ -228,46 +240,125 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         device = pick_device(cfg.finetune.device)
         ds, _ = load_prepared(data.path)
         model, tokenizer = load_model(Path(model_out.path) / "model", device)
-        n = model.meta.num_labels
-        labels = ds["test"]["label"]
         jobs = []  # (kind, set name, family, severity, texts, labels)
         if with_clean:
-            jobs.append(("clean", "clean", None, None, ds["test"]["text"], labels))
-            for split in ds:
-                if split.startswith("shift_"):
-                    jobs.append(("shift", split, None, None, ds[split]["text"], ds[split]["label"]))
+            jobs.append(("clean", "clean", None, None, ds["test"]["text"], ds["test"]["label"]))
+            jobs += [("shift", s, None, None, ds[s]["text"], ds[s]["label"]) for s in ds if s.startswith("shift_")]
         for name in chosen:
             m = sets_meta[name]
-            jobs.append(("corrupted", name, m["family"], m["severity"], read_set(corrupt_out, name), labels))
-        rows, samples = [], []
-        total = sum(len(j[4]) * len(cfg.ttt.methods) for j in jobs)
-        done = 0
-        for kind, name, family, sev, texts, ys in jobs:
-            preds_by_method = {}
-            for method in cfg.ttt.methods:
-                if kind == "clean" and method != "none" and not cfg.ttt.score_clean:
-                    continue
-                engine = build_engine(method, model, tokenizer, cfg.ttt)
-                t0 = time.perf_counter()
-                logits = predict(model, tokenizer, texts, cfg.model.max_length, cfg.ttt.batch_size, engine, device,
-                                 (lambda i, t, d=done: progress("evaluate", d + i, total, {})) if progress else None)
-                wall = time.perf_counter() - t0
-                done += len(texts)
-                s = score(logits, ys, n)
-                preds_by_method[method] = logits.argmax(-1).tolist()
-                rows.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": method,
-                             "acc": s["acc"], "macro_f1": s["macro_f1"], "recall": s["recall"],
-                             "confusion": s["confusion"], "n": s["n"], "wall_s": wall,
-                             "samples_per_s": len(texts) / wall if wall > 0 else 0.0})
-            if kind == "corrupted":
-                for i in range(min(8, len(texts))):
-                    samples.append({"set": name, "text": texts[i], "label": model.meta.label_names[ys[i]],
-                                    **{f"pred_{m}": model.meta.label_names[p[i]] for m, p in preds_by_method.items()}})
+            jobs.append(("corrupted", name, m["family"], m["severity"], read_set(corrupt_out, name), ds["test"]["label"]))
+        rows, preds = _score_jobs(cfg, jobs, model, tokenizer, device, lambda: ds["train"]["text"], progress)
+        samples = _samples(jobs, preds, model.meta.label_names)
         (tmp / "results.json").write_text(json.dumps({"rows": rows, "samples": samples,
                                                        "label_names": model.meta.label_names}, indent=1))
-        return {"n_rows": len(rows)}
+        _write_predictions(preds, tmp / "predictions.parquet")
+        return {"n_rows": len(rows), "n_predictions": sum(len(p["pred"]) for p in preds)}
 
     return store.run("evaluate", inputs, build, _v("evaluate"))
+
+
+def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train_texts, progress) -> tuple[list, list]:
+    """Every job under every method and mask seed: accuracy rows (with bootstrap intervals) and predictions."""
+    import numpy as np
+
+    from .defenses import registry
+    from .evaluate import predict_texts, score
+    from .stats import accuracy_interval
+
+    n, ev = model.meta.num_labels, cfg.evaluation
+    methods = [registry.parse(m) for m in cfg.ttt.methods]
+    repairs = _repairs(cfg, methods, train_texts)
+    runs = [(m, seed) for m in methods for seed in (cfg.ttt.seeds() if m.masked else [None])]
+
+    def skipped(kind: str, m) -> bool:  # defenses on clean text only with ttt.score_clean
+        return kind == "clean" and m.name != "none" and not cfg.ttt.score_clean
+
+    total = sum(len(j[4]) for j in jobs for m, _ in runs if not skipped(j[0], m))
+    rows, preds, done = [], [], 0
+    for kind, name, family, sev, texts, ys in jobs:
+        for m, seed in runs:
+            if skipped(kind, m):
+                continue
+            settings = cfg.ttt if seed is None else cfg.ttt.model_copy(update={"seed": seed})
+            t0 = time.perf_counter()
+            logits = predict_texts(model, tokenizer, texts, m.name, settings, cfg.model.max_length,
+                                   cfg.ttt.batch_size, device, (lambda i, t, d=done: progress("evaluate", d + i, total, {}))
+                                   if progress else None, repairs[m.name])
+            wall = time.perf_counter() - t0
+            done += len(texts)
+            s = score(logits, ys, n)
+            pred = logits.argmax(-1)
+            lo, hi = accuracy_interval(pred == np.asarray(ys), ev.resamples, ev.confidence, ev.seed)
+            rows.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
+                         "mask_seed": seed, "acc": s["acc"], "acc_ci_low": lo, "acc_ci_high": hi,
+                         "macro_f1": s["macro_f1"], "recall": s["recall"], "confusion": s["confusion"], "n": s["n"],
+                         "wall_s": wall, "samples_per_s": len(texts) / wall if wall > 0 else 0.0})
+            preds.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
+                          "mask_seed": seed, "label": list(ys), "pred": pred.tolist(),
+                          "probs": _softmax(logits).tolist()})
+    return rows, preds
+
+
+def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
+    """Each method's text repairs, built once for every set (a spelling dictionary takes seconds to load)."""
+    from .defenses import registry
+
+    built: dict = {}
+    context: dict = {}
+    if cfg.ttt.spell_vocabulary == "train" and any(m.repairs for m in methods):
+        context["vocabulary"] = train_texts()
+    cache: dict = {}
+    for m in methods:
+        fixes = []
+        for r in m.repairs:
+            if r not in cache:
+                cache[r] = registry.build_repairs(registry.Method(r, (r,), "none"), cfg.ttt, context)[0]
+            fixes.append(cache[r])
+        built[m.name] = fixes
+    return built
+
+
+def _softmax(logits):
+    import numpy as np
+
+    z = logits - logits.max(-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(-1, keepdims=True)).astype("float32")
+
+
+def _samples(jobs: list, preds: list, label_names: list[str]) -> list[dict]:
+    """The first 8 reviews of each corrupted set with every method's prediction (first mask seed)."""
+    out = []
+    for kind, name, _, _, texts, ys in jobs:
+        if kind != "corrupted":
+            continue
+        mine = {}
+        for p in preds:
+            if p["set"] == name and p["method"] not in mine:
+                mine[p["method"]] = p["pred"]
+        for i in range(min(8, len(texts))):
+            out.append({"set": name, "text": texts[i], "label": label_names[ys[i]],
+                        **{f"pred_{m}": label_names[p[i]] for m, p in mine.items()}})
+    return out
+
+
+def _write_predictions(preds: list[dict], path: Path) -> None:
+    import pandas as pd
+
+    frames = [pd.DataFrame({"kind": p["kind"], "set": p["set"], "family": p["family"], "severity": p["severity"],
+                            "method": p["method"], "mask_seed": p["mask_seed"], "index": range(len(p["pred"])),
+                            "label": p["label"], "pred": p["pred"], "probs": list(p["probs"])}) for p in preds]
+    frame = pd.concat(frames, ignore_index=True)
+    frame["severity"] = frame["severity"].astype("Int64")
+    frame["mask_seed"] = frame["mask_seed"].astype("Int64")
+    frame.to_parquet(path, index=False)
+
+
+def read_predictions(eval_outs: list[StepOutput]):
+    """Every evaluate output's per-review predictions as one table (see `_write_predictions`)."""
+    import pandas as pd
+
+    return pd.concat([pd.read_parquet(Path(o.path) / "predictions.parquet") for o in eval_outs], ignore_index=True)
 
 
 def load_results(eval_outs: list[StepOutput]) -> dict:
@@ -278,3 +369,77 @@ def load_results(eval_outs: list[StepOutput]) -> dict:
         samples += r["samples"]
         names = r["label_names"]
     return {"rows": rows, "samples": samples, "label_names": names}
+
+
+VERSIONS["attribute"] = "1"
+
+
+def attribute_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
+                     eval_outs: list[StepOutput]) -> dict:
+    from .model import pick_device
+
+    return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest,
+            "evaluate": sorted(o.digest for o in eval_outs), "max_length": cfg.model.max_length,
+            "attribution": cfg.attribution.model_dump(mode="json", exclude={"enabled"}),
+            "device": pick_device(cfg.finetune.device).type}  # the GPU projector draws other random matrices
+
+
+def model_checkpoints(model_out: StepOutput) -> list[Path]:
+    """The fine-tuned model, then any saved checkpoints (`checkpoints/<name>/`, save_model folders): TRAK's
+    ensemble. The fine-tune step keeps only the selected model today, so the ensemble has one member."""
+    root = Path(model_out.path)
+    extra = sorted(p for p in (root / "checkpoints").glob("*") if (p / "meta.json").is_file())
+    return [root / "model", *extra]
+
+
+def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
+              eval_outs: list[StepOutput], store: StepStore, progress: Progress | None = None) -> StepOutput:
+    """TRAK attribution of the predictions corruption flipped and defenses fixed or broke (ttt_pipeline.attribution):
+    `attribution.json` (targets with their top-k supporting and opposing training reviews) and `scores.npy`
+    (targets x attributed training reviews)."""
+    inputs = attribute_inputs(cfg, data, model_out, corrupt_out, eval_outs)
+
+    def build(tmp: Path) -> dict:
+        import numpy as np
+        import torch
+
+        from .attribution import explain
+        from .data.prepare import load_prepared
+        from .model import load_model, pick_device
+        from .train import set_threads
+
+        t0 = time.perf_counter()
+        c0 = time.process_time()  # CPU seconds: the cost on an idle machine, whatever else shares it
+        set_threads()
+        a = cfg.attribution
+        device = pick_device(cfg.finetune.device)
+        ds, _ = load_prepared(data.path)
+        folders = model_checkpoints(model_out)
+        model, tokenizer = load_model(folders[0], device)
+        models = [model] + [lambda f=f: load_model(f, device)[0] for f in folders[1:]]
+        sets: dict[str, list[str]] = {}
+
+        def text_of(name: str, index: int) -> str:
+            if name not in sets:
+                sets[name] = (ds["test"]["text"] if name == "clean" else ds[name]["text"] if name in ds
+                              else read_set(corrupt_out, name))
+            return sets[name][index]
+
+        result, scores = explain(
+            read_predictions(eval_outs), text_of, models, tokenizer, ds["train"]["text"], ds["train"]["label"],
+            model.meta.label_names, top_k=a.top_k, params=a.params, proj_dim=a.proj_dim, max_train=a.max_train,
+            max_targets=a.max_targets, reasons=a.reasons, batch_size=a.batch_size, seed=a.seed,
+            max_length=cfg.model.max_length, device=device,
+            progress=(lambda i, n: progress("attribute", i, n, {})) if progress else None)
+        (tmp / "attribution.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
+        np.save(tmp / "scores.npy", scores.astype("float32"))
+        return {**{k: result[k] for k in ("n_train", "n_targets", "proj_dim", "grad_dim", "n_models", "projector",
+                                          "params", "timings")},
+                "wall_s": time.perf_counter() - t0,  # kept with the entry: a cached step still says what it cost
+                "cpu_s": time.process_time() - c0, "threads": torch.get_num_threads()}
+
+    return store.run("attribute", inputs, build, _v("attribute"))
+
+
+def load_attribution(out: StepOutput) -> dict:
+    return json.loads((Path(out.path) / "attribution.json").read_text())

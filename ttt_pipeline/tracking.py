@@ -61,6 +61,19 @@ def _fast_http(timeout_s: str = "5", retries: str = "0"):
                 os.environ.pop(k, None)
 
 
+TRACKING_URI_VARIABLES = ("TTT_TRACKING_URI", "MLFLOW_TRACKING_URI")
+
+
+def env_tracking_uri() -> str | None:
+    """The tracking URI this environment sets, which overrides `tracking.tracking_uri` of every run started in
+    it (a worker, a shell after `source .run/env`): $TTT_TRACKING_URI, else MLflow's own $MLFLOW_TRACKING_URI."""
+    for name in TRACKING_URI_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
 def resolve_uri(uri: str) -> str:
     """sqlite paths become absolute so every process (worker, UI) opens the same database."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -72,7 +85,7 @@ class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str = "mlruns"):
         from mlflow.tracking import MlflowClient
 
-        self.uri = resolve_uri(os.environ.get("TTT_TRACKING_URI") or tracking_uri)
+        self.uri = resolve_uri(env_tracking_uri() or tracking_uri)
         for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter on a new sqlite store
             logging.getLogger(name).setLevel(logging.WARNING)
         if self.uri.startswith("sqlite:///") and ":memory:" not in self.uri:

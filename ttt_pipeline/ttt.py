@@ -77,6 +77,9 @@ class TTTSettings:
     seed: int = 0
     tent_lr: float = 1e-4
     tent_steps: int = 1
+    # masked_ttt_anchored: largest KL(adapted || source) of a review's class distribution, in nats, for which the
+    # adapted prediction is kept (defenses/masked_ttt_anchored.py)
+    anchor_kl_budget: float = 0.005
     trim_padding: bool = True
     precision: str = "auto"
     # Padded-token budget of the length-sorted sub-batches a unit is cut into (gradients accumulated, so
@@ -102,6 +105,8 @@ class TTTSettings:
             raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
         if self.steps < 1 or self.views < 1 or self.draws < 1 or self.tent_steps < 1:
             raise ValueError("steps, views, draws and tent_steps must be >= 1")
+        if not self.anchor_kl_budget >= 0:
+            raise ValueError(f"anchor_kl_budget must be >= 0 (nats), got {self.anchor_kl_budget}")
         if self.draws > 1 and self.online:
             raise ValueError("draws > 1 needs episodic TTT (online: false): each draw starts from the source weights")
         if self.optimizer not in OPTIMIZERS:
@@ -508,21 +513,13 @@ def settings_from_config(cfg) -> TTTSettings:
 
 
 def build_engine(method: str, model, tokenizer, cfg):
-    """An object with .predict(input_ids, attention_mask) -> logits for a method, or None for `none`.
+    """An object with .predict(input_ids, attention_mask) -> logits for an engine name, or None for `none`.
 
-    `cfg` is a TTTConfig or a TTTSettings."""
-    from .model import special_token_ids
+    `cfg` is a TTTConfig or a TTTSettings; the names live in `ttt_pipeline.defenses.registry`."""
+    from .defenses import registry
 
-    if method == "none":
-        return None
     settings = cfg if isinstance(cfg, TTTSettings) else settings_from_config(cfg)
-    if method == "masked_ttt":
-        return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)
-    if method == "tent":
-        from .tent import TentEngine
-
-        return TentEngine(model, settings)
-    raise ValueError(f"unknown TTT method {method!r}; choose from none, masked_ttt, tent")
+    return registry.build_engine(method, model, tokenizer, settings)
 
 
 def __getattr__(name: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PARAM_SELECTIONS = ("all", "layernorm", "top_k", "bias")
+PARAM_SELECTIONS = ("all", "layernorm", "top_k", "bias", "lower_norm")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
@@ -41,12 +41,31 @@ def layernorm_parameters(model) -> list[nn.Parameter]:
                   for p in m.parameters(recurse=False))
 
 
+def lower_norm_parameters(model, lower_k: int | None = None) -> list[nn.Parameter]:
+    """LayerNorm affine parameters and biases of the lowest `lower_k` encoder layers (default: the lower half,
+    rounded up) plus the embeddings' LayerNorm: the parameters SAR (Niu et al. 2023) finds safe to adapt, the
+    top layers' being the ones whose adaptation collapses."""
+    layers = encoder_layers(model)
+    k = (len(layers) + 1) // 2 if lower_k is None else int(lower_k)
+    if not 1 <= k <= len(layers):
+        raise ValueError(f"lower_k must be in 1..{len(layers)} (the encoder's layers), got {lower_k}")
+    below = [m for m in model.encoder.modules() if isinstance(m, nn.LayerNorm)
+             and not any(m is n for layer in layers for n in layer.modules())]  # the embeddings' LayerNorm
+    chosen = [p for m in below for p in m.parameters(recurse=False)]
+    for layer in layers[:k]:
+        chosen += [p for n, p in layer.named_parameters() if n.endswith("bias")]
+        chosen += [p for m in layer.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)]
+    return _dedup(chosen)
+
+
 def select_parameters(model, which: str, top_k: int = 2) -> list[nn.Parameter]:
     """The parameters TTT adapts.
 
     all: every parameter of the model (as torch-ttt does; the classification head gets no gradient from
     the MLM loss, so Adam leaves it alone); layernorm: encoder LayerNorm affine parameters; top_k: every
-    parameter of the last `top_k` encoder layers; bias: every bias of the encoder (BitFit-style).
+    parameter of the last `top_k` encoder layers; bias: every bias of the encoder (BitFit-style);
+    lower_norm: LayerNorm affine parameters and biases of the lower half of the encoder layers (and the
+    embeddings' LayerNorm, see lower_norm_parameters).
     """
     if which == "all":
         return _dedup(model.parameters())
@@ -59,21 +78,26 @@ def select_parameters(model, which: str, top_k: int = 2) -> list[nn.Parameter]:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         layers = encoder_layers(model)
         return _dedup(p for layer in layers[-top_k:] for p in layer.parameters())
+    if which == "lower_norm":
+        return lower_norm_parameters(model)
     raise ValueError(f"unknown parameter selection {which!r}; choose from {PARAM_SELECTIONS}")
 
 
-def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
-    """Adam/AdamW/SGD without momentum; the fused kernel where torch has one for these tensors."""
+def make_optimizer(params, name: str, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """Adam/AdamW, or SGD (without momentum unless `momentum` > 0); the fused kernel where torch has one."""
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}.get(name)
     if cls is None:
         raise ValueError(f"unknown optimizer {name!r}; choose from {OPTIMIZERS}")
+    if momentum and name != "sgd":
+        raise ValueError(f"momentum is an SGD setting; optimizer {name!r} has its own moments")
+    kw = {"momentum": momentum} if momentum else {}
     params = list(params)
     if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
         try:
-            return cls(params, lr=lr, fused=True)
+            return cls(params, lr=lr, fused=True, **kw)
         except (RuntimeError, TypeError, ValueError):
             pass
-    return cls(params, lr=lr)
+    return cls(params, lr=lr, **kw)
 
 
 @torch.no_grad()

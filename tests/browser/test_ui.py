@@ -2,7 +2,8 @@
 a real `mlflow server` on that run's store, both opened in headless Chromium.
 
 Checks: the MLflow run page (run, status, headline metrics, registry decision, child runs), its artifacts
-(the PNG plots under plots/), the registered model with its `champion` alias, the Prefect flow-run page
+(the PNG plots under plots/), the fine-tune run's logged MLflow Model and that model's page, the registered
+model and version with its `champion` alias, the Prefect flow-run page
 and the Prefect markdown (summary) and table (evaluation grid) artifacts. Screenshots are kept under
 test-output/screenshots/. Every server is stopped at the end and its port is checked closed.
 
@@ -26,7 +27,7 @@ import yaml
 
 pytestmark = pytest.mark.browser
 
-from conftest import free_port, listening
+from netutil import free_port, listening
 from tiny_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,6 +260,43 @@ def test_mlflow_registry_shows_the_champion(stack, browse):
     assert stack["summary"]["registry"]["alias"] == "champion"
 
 
+def logged_model(stack) -> tuple[str, str]:
+    """(fine-tune run id, id of the MLflow Model it logged), read from the store the UI shows."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{stack['tmp'] / 'mlflow.db'}")
+    [ft] = client.search_runs([stack["summary"]["experiment_id"]],
+                              f"tags.mlflow.parentRunId = '{stack['summary']['mlflow_run_id']}' and "
+                              "tags.stage = 'finetune'")
+    [output] = ft.outputs.model_outputs
+    return ft.info.run_id, output.model_id
+
+
+def test_mlflow_fine_tune_run_lists_its_logged_model(stack, browse):
+    run_id, model_id = logged_model(stack)
+    exp = stack["summary"]["experiment_id"]
+    dom = browse(f"{stack['mlflow']}/#/experiments/{exp}/runs/{run_id}", "mlflow-finetune-run",
+                 ["Logged models (1)", f"/models/{model_id}"], size="1400,1400")
+    assert "Logged models (1)" in dom and f"/models/{model_id}" in dom  # the link to the logged model
+    assert MODEL_NAME in dom  # and the registered model it became
+
+
+def test_mlflow_logged_model_page_shows_the_registered_version(stack, browse):
+    _, model_id = logged_model(stack)
+    exp = stack["summary"]["experiment_id"]
+    dom = browse(f"{stack['mlflow']}/#/experiments/{exp}/models/{model_id}", "mlflow-logged-model",
+                 [model_id, "Model versions", MODEL_NAME], size="1400,1400")
+    assert model_id in dom and "Ready" in dom and "fine-tune" in dom  # status, source run
+    assert "Model versions" in dom and MODEL_NAME in dom  # the registered version (tag mlflow.modelVersions)
+
+
+def test_mlflow_registered_version_has_the_alias_and_its_source(stack, browse):
+    dom = browse(f"{stack['mlflow']}/#/models/{MODEL_NAME}/versions/1", "mlflow-model-version",
+                 ["champion", "Version 1", "Schema"], size="1400,1200")
+    assert "champion" in dom and "Version 1" in dom
+    assert "Source Run" in dom and "fine-tune" in dom and "Schema" in dom  # lineage and the model's signature
+
+
 # ----------------------------------------------------------------------------- Prefect
 
 
@@ -280,6 +318,13 @@ def test_prefect_markdown_summary_artifact(stack, browse):
         assert label in dom, label
     assert f"{stack['summary']['acc_clean']:.3f}" in dom
     assert stack["summary"]["mlflow_run_id"] in dom  # the link to the MLflow run
+    # the TTT gain with its interval and verdict, the numbers the run printed and logged
+    from ttt_pipeline.report import difference_line
+
+    points, interval, p_value, verdict = difference_line(stack["summary"]["ttt_gain"])
+    assert "masked TTT - none, corrupted" in dom
+    for cell in (points, interval, p_value, verdict.split(" (")[0]):
+        assert cell in dom, cell
 
 
 def test_prefect_evaluation_grid_table_artifact(stack, browse):
@@ -288,5 +333,20 @@ def test_prefect_evaluation_grid_table_artifact(stack, browse):
     rows = json.loads(art["data"]) if isinstance(art["data"], str) else art["data"]
     assert {(r["set"], r["method"]) for r in rows} >= {("clean", "none"), ("keyboard-4", "masked_ttt")}
     dom = browse(f"{stack['prefect']}/artifacts/artifact/{art['id']}", "prefect-grid", ["keyboard-4", "masked_ttt"])
-    for cell in ("tutorial-2", "keyboard-2", "keyboard-4", "masked_ttt", "macro_f1"):
+    for cell in ("tutorial-2", "keyboard-2", "keyboard-4", "masked_ttt", "macro_f1", "vs_none", "ci_low", "verdict"):
         assert cell in dom, cell
+    # the grid's paired difference is what the stored per-review predictions give, recomputed here
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from ttt_pipeline.robustness import compare_methods
+
+    client = MlflowClient(f"sqlite:///{stack['tmp'] / 'mlflow.db'}")
+    s = stack["summary"]
+    ev = client.search_runs([s["experiment_id"]], f"tags.mlflow.parentRunId = '{s['mlflow_run_id']}' and "
+                            "attributes.run_name = 'evaluate'")[0]
+    preds = pd.read_parquet(client.download_artifacts(ev.info.run_id, "predictions.parquet", str(stack["tmp"])))
+    d = compare_methods(preds, ["keyboard-4"], "masked_ttt", resamples=2000, seed=0)
+    row = next(r for r in rows if (r["set"], r["method"]) == ("keyboard-4", "masked_ttt"))
+    assert (row["vs_none"], row["ci_low"], row["ci_high"]) == (round(d.delta, 4), round(d.ci_low, 4), round(d.ci_high, 4))
+    assert row["verdict"] == ("significant" if d.significant else "not significant") and row["verdict"] in dom

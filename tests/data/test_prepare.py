@@ -31,7 +31,8 @@ def test_canonical_labels():
 
 def test_splits_are_stratified_seeded_and_digest_stable(tmp_path):
     src = _jsonl(tmp_path / "r.jsonl", _rows())
-    cfg = DataConfig(path=str(src), text_column="review", label_column="stars", test_fraction=0.25, val_fraction=0.2)
+    cfg = DataConfig(path=str(src), text_column="review", label_column="stars", label_names=None,
+                     test_fraction=0.25, val_fraction=0.2)
     m1 = prepare_dataset(cfg, tmp_path / "a", tmp_path / "raw")
     m2 = prepare_dataset(cfg, tmp_path / "b", tmp_path / "raw")
     assert m1["content_digest"] == m2["content_digest"]
@@ -47,14 +48,16 @@ def test_splits_are_stratified_seeded_and_digest_stable(tmp_path):
 
 def test_empty_texts_and_missing_labels_are_dropped_and_counted(tmp_path):
     rows = _rows() + [{"review": "   ", "stars": 1}, {"review": "no label", "stars": None}]
-    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars")
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars",
+                     label_names=None)
     meta = prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
     assert meta["dropped_empty_text"] == 1 and meta["dropped_missing_label"] == 1
     assert sum(meta["sizes"].values()) == 60
 
 
 def test_missing_column_names_field_and_columns(tmp_path):
-    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", _rows())), text_column="body", label_column="stars")
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", _rows())), text_column="body", label_column="stars",
+                     label_names=None)
     with pytest.raises(DataError) as exc:
         prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
     assert "['body'] not found" in exc.value.message and "review" in exc.value.message
@@ -70,14 +73,16 @@ def test_label_outside_classes(tmp_path):
 
 def test_mixed_label_types(tmp_path):
     rows = _rows() + [{"review": "text label", "stars": "great"}] * 3
-    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars")
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars",
+                     label_names=None)
     with pytest.raises(DataError, match="mixed types"):
         prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
 
 
 def test_class_too_small_to_split(tmp_path):
     rows = _rows() + [{"review": "the only five star review", "stars": 5}]
-    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars")
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), text_column="review", label_column="stars",
+                     label_names=None)
     with pytest.raises(DataError, match="class '5' has 1 review"):
         prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
 
@@ -93,6 +98,7 @@ def test_caps_keep_class_proportions():
 def test_shift_sets_are_added(tmp_path):
     src = _jsonl(tmp_path / "r.jsonl", _rows())
     other = _jsonl(tmp_path / "o.jsonl", _rows(5))
-    cfg = DataConfig(path=str(src), text_column="review", label_column="stars", shift={"other": str(other)})
+    cfg = DataConfig(path=str(src), text_column="review", label_column="stars", label_names=None,
+                     shift={"other": str(other)})
     meta = prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
     assert meta["sizes"]["shift_other"] == 15

@@ -39,7 +39,8 @@ def test_gdown_downloads_tutorial_file_once_and_reads_it(drive, tmp_path):
 def test_gdown_train_and_test_files_make_the_tutorial_splits(drive, tmp_path):
     torch.save(TUTORIAL_ROWS, drive / "TRAIN")
     torch.save(TUTORIAL_ROWS[:15], drive / "VAL")
-    cfg = DataConfig(path="gdown://TRAIN", test_path="gdown://VAL", label_names=["0", "1", "2", "3", "4"],
+    cfg = DataConfig(path="gdown://TRAIN", test_path="gdown://VAL", label_column="label",
+                     label_names=["0", "1", "2", "3", "4"],
                      val_fraction=0.2)
     meta = prepare_dataset(cfg, tmp_path / "out", tmp_path / "raw")
     assert meta["sizes"] == {"train": 30, "test": 15, "validation": 10}
@@ -72,7 +73,7 @@ def test_hub_dataset_through_datasets_load_dataset(monkeypatch, tmp_path):
                                      "test": datasets.Dataset.from_dict({k: v[:10] for k, v in rows.items()})})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    cfg = DataConfig(path="hf://glue:sst2", text_column="sentence", label_column="label")
+    cfg = DataConfig(path="hf://glue:sst2", text_column="sentence", label_column="label", label_names=None)
     meta = prepare_dataset(cfg, tmp_path / "out", tmp_path / "raw")
     assert calls == [("glue", "sst2")]
     assert meta["sizes"]["test"] == 10 and meta["label_names"] == ["0", "1"]

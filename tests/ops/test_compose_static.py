@@ -148,5 +148,38 @@ def test_prefect_yaml():
     assert doc["pull"] == [{"flows.stages.enter_pipeline_home": {}}]
 
 
+def test_both_started_deployments_set_their_config_to_the_flows_default_the_demo_preset():
+    """The UI's Run button and the nightly schedule run the deployment's parameters: a complete, working config."""
+    import inspect
+
+    from flows.pipeline import ttt_pipeline
+    from flows.reevaluate import nightly_reevaluation
+    from ttt_pipeline.config import PipelineConfig, load_config
+
+    demo = load_config("demo")
+    deps = {d["name"]: d for d in load("prefect.yaml")["deployments"]}
+    for name in ("ttt-pipeline", "nightly-reevaluation"):
+        assert PipelineConfig.model_validate(deps[name]["parameters"]["config"]) == demo, name
+    assert {"threshold", "reference_seed"} <= set(deps["nightly-reevaluation"]["parameters"])
+    for fl in (ttt_pipeline, nightly_reevaluation):
+        assert inspect.signature(fl.fn).parameters["config"].default == demo, fl.name
+    assert nightly_reevaluation.retries == 0  # no champion (or a regression) fails once, not after retries
+
+
 def test_serve_script_parses():
     assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "serve.sh")]).returncode == 0
+
+
+def test_serve_shares_make_runs_prefect_home(tmp_path):
+    """`make run` records into PREFECT_HOME, else Prefect's ~/.prefect; `make serve` must serve that database."""
+    script = (REPO / "scripts" / "serve.sh").read_text()
+    assert "PREFECT_HOME" not in (REPO / "Makefile").read_text()
+    line = next(x for x in script.splitlines() if x.startswith("export PREFECT_HOME="))
+    probe = ["bash", "-c", f'set -u; RUN_DIR=/run-dir; {line}; echo "$PREFECT_HOME"']
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    assert subprocess.run(probe, env=base, capture_output=True, text=True).stdout.strip() == f"{tmp_path}/.prefect"
+    mine = subprocess.run(probe, env={**base, "PREFECT_HOME": "/mine"}, capture_output=True, text=True)
+    assert mine.stdout.strip() == "/mine"
+    from prefect.settings.models.root import Settings
+
+    assert Settings.model_fields["home"].default == Path("~/.prefect")  # where `make run` records by default

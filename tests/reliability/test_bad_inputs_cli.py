@@ -59,6 +59,14 @@ CASES = {
                               ["labels ['7'] are outside the classes"]),
     "class_too_small": ("r.jsonl", _jsonl(GOOD[:12] + [{"text": "lonely", "rating": 3}]), TWO_CLASSES, {},
                         ["class '3' has 1 review(s)", "data.test_path"]),
+    # a 5-class export with string labels under the preset's numeric classes: the hint names the one setting
+    "string_labels_under_preset_classes": (
+        "r.csv", ("text,rating\n" + "".join(f"review {i},{n}\n" for i in range(6) for n in (
+            "Very Negative", "Negative", "Neutral", "Positive", "Very Positive"))).encode(), {}, {},
+        ["are outside the classes ['1', '2', '3', '4', '5']", "hint: run with `--set data.label_names=null`",
+         "Very Negative, Very Positive"]),
+    "utf16_without_mark": ("r.csv", "text,rating\nok,1\n".encode("utf-16-le"), {}, {},
+                           ["UTF-16 text without a byte-order mark", "iconv -f UTF-16LE -t UTF-8"]),
     "non_utf8": ("r.csv", "text,rating\ncaf\xe9 au lait,1\n".encode("latin-1"), {}, {},
                  ["not valid UTF-8", "offset 15", "iconv"]),
     "empty_file": ("r.csv", b"", {}, {}, ["r.csv: the file is empty"]),

@@ -184,7 +184,7 @@ def test_found_by_fuzzing_deep_nesting_and_bom(tmp_path, name, content):
 def test_found_by_fuzzing_huge_int_label_is_a_clear_error_or_a_class(tmp_path):
     """Regression: a label of 10**400 raised OverflowError in the label canonicaliser."""
     rows = BASE + [{"text": "absurd label", "label": 10**400}]
-    cfg = DataConfig(path=str(_jsonl_with_rows(tmp_path, rows)), label_names=["1", "2"])
+    cfg = DataConfig(path=str(_jsonl_with_rows(tmp_path, rows)), label_column="label", label_names=["1", "2"])
     with pytest.raises(DataError, match="outside the classes"):
         prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
 
@@ -192,7 +192,7 @@ def test_found_by_fuzzing_huge_int_label_is_a_clear_error_or_a_class(tmp_path):
 def test_found_by_fuzzing_lone_surrogate_text_names_the_row(tmp_path):
     """Regression: a `\\ud800` escape in JSON made a str that cannot be written as UTF-8 (crash on save)."""
     rows = BASE[:5] + [{"text": "bad \ud800 escape", "label": 1}] + BASE[5:]
-    cfg = DataConfig(path=str(_jsonl_with_rows(tmp_path, rows)))
+    cfg = DataConfig(path=str(_jsonl_with_rows(tmp_path, rows)), label_column="label", label_names=None)
     with pytest.raises(DataError) as exc:
         prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")
     assert ":6:" in exc.value.message and "surrogate" in exc.value.message  # file:line

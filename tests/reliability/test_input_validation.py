@@ -23,6 +23,7 @@ from ttt_pipeline.storage import StepOutput, file_digest
 COLS = ["text", "label", "input_ids"]
 ROWS = [{"text": f"review {i}: the {'battery is superb' if c == 2 else 'strap broke'}", "label": c}
         for c in (1, 2) for i in range(15)]
+LABELS = {"label_column": "label", "label_names": None}  # these rows' label column; the classes they hold
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -48,7 +49,7 @@ class FakeTracker:
 def test_dropped_rows_are_counted_warned_and_logged_as_metrics(tmp_path, caplog):
     rows = ROWS + [{"text": "  \t ", "label": 1}, {"text": "", "label": 2}, {"text": "no label", "label": None},
                    {"text": "nan label", "label": float("nan")}]
-    cfg = PipelineConfig(data=DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows))))
+    cfg = PipelineConfig(data=DataConfig(path=str(_jsonl(tmp_path / "r.jsonl", rows)), **LABELS))
     with caplog.at_level(logging.WARNING, logger="ttt_pipeline.data.prepare"):
         meta = prepare_dataset(cfg.data, tmp_path / "out", tmp_path / "raw")
     assert meta["dropped_empty_text"] == 2 and meta["dropped_missing_label"] == 2
@@ -67,7 +68,7 @@ def test_enormous_review_is_cut_counted_and_tokenises_fast(tmp_path, tiny_bert_d
     huge = ("This speaker is loud and the battery lasts. " * 120000)[: 5 * 1024 * 1024]  # 5 MB, one review
     assert len(huge) == 5 * 1024 * 1024
     src = _jsonl(tmp_path / "r.jsonl", ROWS + [{"text": huge, "label": 2}])
-    cfg = DataConfig(path=str(src), max_text_chars=20000, val_fraction=0.0)
+    cfg = DataConfig(path=str(src), max_text_chars=20000, val_fraction=0.0, **LABELS)
     t0 = time.perf_counter()
     meta = prepare_dataset(cfg, tmp_path / "out", tmp_path / "raw")
     prepare_s = time.perf_counter() - t0
@@ -105,7 +106,7 @@ def test_more_bad_files(tmp_path, name, content, match):
 def test_one_class_and_same_column_twice_are_refused(tmp_path):
     src = _jsonl(tmp_path / "r.jsonl", ROWS[:15])
     with pytest.raises(DataError, match="only one class"):
-        prepare_dataset(DataConfig(path=str(src)), tmp_path / "o", tmp_path / "raw")
+        prepare_dataset(DataConfig(path=str(src), **LABELS), tmp_path / "o", tmp_path / "raw")
     with pytest.raises(ConfigError, match="text_column and label_column"):
         load_config(None, ["data.label_column=text"])
 
@@ -121,7 +122,7 @@ def test_local_sha256_is_checked_before_the_file_is_parsed(tmp_path):
 def test_sha256_pins_data_path_only_not_the_test_file(tmp_path):
     train = _jsonl(tmp_path / "train.jsonl", ROWS)
     test = _jsonl(tmp_path / "test.jsonl", ROWS[:4] + ROWS[-4:])
-    cfg = DataConfig(path=str(train), test_path=str(test), sha256=file_digest(train))
+    cfg = DataConfig(path=str(train), test_path=str(test), sha256=file_digest(train), **LABELS)
     assert prepare_dataset(cfg, tmp_path / "o", tmp_path / "raw")["sizes"]["test"] == 8
 
 
@@ -139,7 +140,7 @@ def test_hostile_pickle_from_google_drive_is_refused_and_never_runs(drive, tmp_p
     assert "gdown-EVIL.pt" in exc.value.message
     assert not marker.exists()
     with pytest.raises(DataError, match="refused"):  # and through the whole download step
-        prepare_dataset(DataConfig(path="gdown://EVIL"), tmp_path / "o", tmp_path / "raw")
+        prepare_dataset(DataConfig(path="gdown://EVIL", **LABELS), tmp_path / "o", tmp_path / "raw")
     assert not marker.exists()
 
 

@@ -120,3 +120,19 @@ def test_user_set_http_retries_are_respected(monkeypatch):
     t.client = Probe()
     t.check()
     assert seen == {"retries": "3", "timeout": "5"} and t.experiment_id == "7"
+
+
+def test_the_environment_overrides_the_configured_tracking_uri(monkeypatch, tmp_path):
+    """$TTT_TRACKING_URI, else MLflow's own $MLFLOW_TRACKING_URI (what `source .run/env` exports), wins over
+    tracking.tracking_uri; with neither set, the config's URI is used (a relative sqlite path made absolute)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TTT_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert Tracker("http://configured:5000", "e").uri == "http://configured:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert Tracker("sqlite:///mlflow.db", "e").uri == "http://127.0.0.1:5999"
+    assert not (tmp_path / "mlflow.db").exists()  # the configured store is never opened
+    monkeypatch.setenv("TTT_TRACKING_URI", "http://127.0.0.1:5998")
+    assert Tracker("sqlite:///mlflow.db", "e").uri == "http://127.0.0.1:5998"  # the project's own variable first
+    monkeypatch.setenv("TTT_TRACKING_URI", "  ")  # blank counts as unset
+    assert Tracker("sqlite:///mlflow.db", "e").uri == "http://127.0.0.1:5999"

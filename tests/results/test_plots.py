@@ -67,9 +67,17 @@ def test_aggregate_confusion_pools_sets_and_recall_follows(rows):
 def test_severity_series_groups_and_sorts(rows):
     s = plots.severity_series(rows)
     assert set(s) == {"keyboard", "tutorial"}
-    assert s["keyboard"]["none"] == [(1, 0.75), (3, 0.50)]
-    assert s["keyboard"]["masked_ttt"] == [(1, 0.80), (3, 0.60)]
-    assert s["tutorial"]["masked_ttt"] == [(3, 0.45)]
+    # (severity, accuracy, interval): rows without an interval are drawn without bars
+    assert s["keyboard"]["none"] == [(1, 0.75, 0.75, 0.75), (3, 0.50, 0.50, 0.50)]
+    assert s["keyboard"]["masked_ttt"] == [(1, 0.80, 0.80, 0.80), (3, 0.60, 0.60, 0.60)]
+    assert s["tutorial"]["masked_ttt"] == [(3, 0.45, 0.45, 0.45)]
+
+
+def test_severity_series_averages_mask_seeds_and_keeps_intervals(rows):
+    seeded = [{**r, "mask_seed": seed, "acc": r["acc"] + d, "acc_ci_low": 0.1, "acc_ci_high": 0.9}
+              for r in rows if r["method"] == "masked_ttt" for seed, d in ((0, -0.05), (1, 0.05))]
+    s = plots.severity_series([r for r in rows if r["method"] == "none"] + seeded)
+    assert s["keyboard"]["masked_ttt"] == [(1, pytest.approx(0.80), 0.1, 0.9), (3, pytest.approx(0.60), 0.1, 0.9)]
 
 
 def test_accuracy_vs_severity_draws_the_given_values(rows):
@@ -78,6 +86,7 @@ def test_accuracy_vs_severity_draws_the_given_values(rows):
     assert [ax.get_title() for ax in axes] == ["keyboard", "tutorial"]
     kb = axes[0]
     lines = {ln.get_label(): ln for ln in kb.get_lines()}
+    lines.update({c.get_label(): c.lines[0] for c in kb.containers})  # error-bar series: their data line
     assert list(lines["no adaptation"].get_ydata()) == [0.75, 0.50]
     assert list(lines["masked TTT"].get_ydata()) == [0.80, 0.60]
     assert np.round(lines["no adaptation"].get_xdata()).tolist() == [1, 3]
@@ -135,7 +144,12 @@ def test_grid_table_is_flat_and_rounded(rows):
     assert "confusion" not in t[0] and "recall" not in t[0]
     kb = [r for r in t if r["set"] == "keyboard-3" and r["method"] == "masked_ttt"][0]
     assert kb == {"kind": "corrupted", "set": "keyboard-3", "family": "keyboard", "severity": 3,
-                  "method": "masked_ttt", "acc": 0.6, "macro_f1": 0.55, "n": 12, "samples_per_s": 123.5}
+                  "method": "masked_ttt", "mask_seeds": "", "acc": 0.6, "macro_f1": 0.55, "vs_none": "",
+                  "ci_low": "", "ci_high": "", "p_mcnemar": "", "verdict": "", "n": 12, "samples_per_s": 123.5}
+    diff = {"comparison": "method", "set": "keyboard-3", "method": "masked_ttt", "delta": 0.1, "ci_low": -0.02,
+            "ci_high": 0.21234, "p_mcnemar": 0.3, "significant": False}
+    kb = [r for r in plots.grid_table(rows, [diff]) if r["set"] == "keyboard-3" and r["method"] == "masked_ttt"][0]
+    assert (kb["vs_none"], kb["ci_low"], kb["ci_high"], kb["verdict"]) == (0.1, -0.02, 0.2123, "not significant")
     assert t[0]["family"] == "" and t[0]["severity"] == ""
     json.dumps(t)  # table artifacts need plain JSON
 

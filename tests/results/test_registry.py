@@ -159,11 +159,13 @@ def test_flow_registers_both_runs_and_the_better_is_champion(two_runs):
     assert registry.champion_run_id(client, name) == better["mlflow_run_id"]
     holder = client.get_model_version_by_alias(name, "champion")
     assert str(holder.version) == ("2" if better is b else "1")
-    # the version is the fine-tune child run's model artifact
+    # the version is the MLflow Model the fine-tune child run logged
     ft = client.get_run(holder.run_id)
     assert ft.data.tags["mlflow.parentRunId"] == better["mlflow_run_id"] and ft.info.run_name == "fine-tune"
-    files = {f.path for f in client.list_artifacts(holder.run_id, "model")}
-    assert {"model/encoder", "model/head.safetensors", "model/tokenizer", "model/meta.json"} <= files
+    [output] = ft.outputs.model_outputs
+    assert holder.source == client.get_logged_model(output.model_id).artifact_location
+    files = {f.path for f in client.list_logged_model_artifacts(output.model_id, "data/model")}
+    assert {"data/model/encoder", "data/model/head.safetensors", "data/model/tokenizer", "data/model/meta.json"} <= files
     # the parent runs carry the decision
     tags_b = client.get_run(b["mlflow_run_id"]).data.tags
     assert tags_b["registry.decision"] == b["registry"]["decision"] and tags_b["registry.champion_before"] == "1"

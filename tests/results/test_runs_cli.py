@@ -101,7 +101,10 @@ def test_default_tracking_uri_is_the_demo_presets(monkeypatch):
     from ttt_pipeline import runs
 
     monkeypatch.delenv("TTT_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert runs.default_tracking_uri() == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-env:5000")  # as `source .run/env` sets it
+    assert runs.default_tracking_uri() == "http://mlflow-env:5000"
     monkeypatch.setenv("TTT_TRACKING_URI", "http://tracking:5000")
     assert runs.default_tracking_uri() == "http://tracking:5000"
 
@@ -129,6 +132,16 @@ def test_compare_two_pipeline_runs_shows_both_and_the_champion(capsys, two_runs)
     assert "finetune.epochs" in out and "A=1  B=3" in out
     winner = "B" if b["acc_ttt"] > a["acc_ttt"] else "A"
     assert f"registry: {winner} holds the `champion` alias of tiny-review-classifier" in out
+    # both runs scored the same reviews: B - A is paired, per set and method, from the stored predictions
+    assert "B - A on the same reviews" in out
+    code, out, _ = run_cli(capsys, "compare", a["mlflow_run_id"], b["mlflow_run_id"], "--tracking-uri",
+                           two_runs["uri"], "--json")
+    paired = {(d["set"], d["method"]): d for d in json.loads(out)["paired"]}
+    assert set(paired) >= {("clean", "none"), ("keyboard-4", "masked_ttt"), ("tutorial-2", "none")}
+    clean = paired[("clean", "none")]
+    assert clean["delta"] == pytest.approx(b["acc_clean"] - a["acc_clean"])
+    assert clean["ci_low"] <= clean["delta"] <= clean["ci_high"]
+    assert clean["significant"] == (clean["ci_low"] > 0 or clean["ci_high"] < 0)
 
     code, out, _ = run_cli(capsys, "report", b["mlflow_run_id"], "--tracking-uri", two_runs["uri"], "--json")
     s = json.loads(out)

@@ -64,6 +64,12 @@ def encode(values: list[str], names: list[str], where: str) -> list[int]:
     index = {n: i for i, n in enumerate(names)}
     bad = sorted({v for v in values if v not in index})
     if bad:
-        raise DataError(f"{where}: labels {bad[:5]} are outside the classes {names}",
-                        "fix those rows, or add the values to data.label_names")
+        if len(bad) == len(set(values)):  # no label matches: the classes were written for other data (a preset's)
+            hint = (f"run with `--set data.label_names=null` to take the classes from the data ({len(bad)} values: "
+                    f"{', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}), or list them in the order you want "
+                    "in data.label_names")
+        else:
+            hint = ("fix those rows, add the values to data.label_names, or run with `--set data.label_names=null` "
+                    "to take the classes from the data")
+        raise DataError(f"{where}: labels {bad[:5]} are outside the classes {names}", hint)
     return [index[v] for v in values]

@@ -40,7 +40,9 @@ def _printable(text: str) -> str:
 
 def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
     texts, labels = [], []
-    dropped_text = dropped_label = cut = 0
+    dropped_text = dropped_label = dropped_map = cut = 0
+    label_map = getattr(cfg, "label_map", None)
+    unmapped: dict[str, int] = {}  # label value -> first row
     for row, (text, label) in enumerate(zip(frame["text"].tolist(), frame["label"].tolist()), 1):
         if text is None or (isinstance(text, float) and pd.isna(text)) or not L.safe_str(text).strip():
             dropped_text += 1
@@ -49,6 +51,14 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
         if lab is None:
             dropped_label += 1
             continue
+        if label_map is not None:  # data.label_map: value -> class, None drops the row on purpose
+            if lab not in label_map:
+                unmapped.setdefault(lab, row)
+                continue
+            lab = label_map[lab]
+            if lab is None:
+                dropped_map += 1
+                continue
         text = " ".join(L.safe_str(text).split())  # one line, single spaces: reviews carry stray newlines/tabs
         if len(text) > cfg.max_text_chars:
             text = text[: cfg.max_text_chars]
@@ -62,9 +72,22 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
                 "fix or remove that escape (half of an emoji cut by an exporter, usually)") from None
         texts.append(text)
         labels.append(lab)
+    if unmapped:
+        values = sorted(unmapped)
+        shown = ", ".join(_printable(v) for v in values[:8]) + (", ..." if len(values) > 8 else "")
+        first = min(unmapped.values())
+        if not texts and not dropped_map:  # no label matched: the map was written for other data (a preset's)
+            hint = (f"run with `--set data.label_map=null --set data.label_names=null` to take the classes from the "
+                    f"data ({len(values)} values: {shown})")
+        else:
+            hint = "add the values to data.label_map (null drops their rows), or set data.label_map=null"
+        raise DataError(f"{where}: labels {[_printable(v) for v in values[:5]]} (first on row {first}) are not in "
+                        f"data.label_map (keys: {sorted(label_map)})", hint)
     stats["dropped_empty_text"] = stats.get("dropped_empty_text", 0) + dropped_text
     stats["dropped_missing_label"] = stats.get("dropped_missing_label", 0) + dropped_label
     stats["truncated_texts"] = stats.get("truncated_texts", 0) + cut
+    if label_map is not None:
+        stats["dropped_by_label_map"] = stats.get("dropped_by_label_map", 0) + dropped_map
     if not texts:  # before the warning: a failing run prints only its error
         raise DataError(f"{where}: no usable reviews (every row has an empty text or no label)",
                         "check data.text_column / data.label_column and the file's content")

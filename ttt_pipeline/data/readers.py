@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import html
 import json
 import xml.etree.ElementTree as ET
@@ -14,22 +15,55 @@ from ..errors import DataError
 SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
 
 
-def _check_utf8(path: Path) -> None:
+# Byte-order marks, longest first (UTF-32 LE starts with UTF-16 LE's mark). Spreadsheet programs and Windows
+# editors write them: "Unicode text" from Excel is UTF-16 with a mark, "CSV UTF-8" is UTF-8 with one.
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _convert_hint(path: Path, source: str) -> str:
+    out = path.with_name(f"{path.stem}-utf8{path.suffix}")
+    return f"convert it to UTF-8: `iconv -f {source} -t UTF-8 {path} > {out}`, then read {out.name}"
+
+
+def text_encoding(path: Path) -> str:
+    """The codec that reads a text file: UTF-8, or UTF-8 / UTF-16 / UTF-32 announced by a byte-order mark (the
+    codec drops the mark). Anything else is a DataError whose hint gives the conversion command; UTF-16 without
+    a mark (NUL bytes between ASCII letters) is recognised and named."""
     raw = path.read_bytes()
+    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8-sig")
+    head = raw[:4096]
+    if encoding == "utf-8-sig" and len(head) >= 4 and head.count(0) * 3 >= len(head):
+        # ASCII stored two bytes per character (valid UTF-8, full of NULs): UTF-16 whose mark was stripped
+        source = "UTF-16LE" if head[1::2].count(0) > head[0::2].count(0) else "UTF-16BE"
+        raise DataError(f"{path}: UTF-16 text without a byte-order mark ({source}, by its zero bytes)",
+                        _convert_hint(path, source))
     try:
-        raw.decode("utf-8")
+        raw.decode(encoding)
+        return encoding
     except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-            "re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
-        ) from None
+        if encoding != "utf-8-sig":
+            name = encoding.upper()
+            raise DataError(f"{path}: starts with a {name} byte-order mark but is not valid {name} (byte offset "
+                            f"{exc.start})", "re-export the file; " + _convert_hint(path, name)) from None
+        raise DataError(f"{path}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                        "re-save the file as UTF-8; from Latin-1 / Windows-1252: " + _convert_hint(path, "CP1252")
+                        ) from None
+
+
+def _check_utf8(path: Path) -> None:
+    """Refuse a file that is not UTF-8 (with or without a byte-order mark), with the conversion command."""
+    encoding = text_encoding(path)
+    if encoding != "utf-8-sig":
+        raise DataError(f"{path}: {encoding.upper()} text (byte-order mark); this reader takes UTF-8",
+                        _convert_hint(path, encoding.upper()))
 
 
 def read_delimited(path: Path, sep: str) -> pd.DataFrame:
-    _check_utf8(path)
+    encoding = text_encoding(path)
     try:
         return pd.read_csv(path, sep=sep, dtype=object, keep_default_na=False, na_values=[""],
-                           encoding="utf-8", on_bad_lines="error")
+                           encoding=encoding, on_bad_lines="error")
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file is empty", "give a file with a header row and reviews") from None
     except (pd.errors.ParserError, ValueError, csv_error()) as exc:
@@ -72,9 +106,9 @@ def csv_error():
 
 
 def read_jsonl(path: Path) -> pd.DataFrame:
-    _check_utf8(path)
+    encoding = text_encoding(path)  # a byte-order mark (Windows editors) is not data: the codec drops it
     rows, linenos = [], []
-    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is not data
+    with open(path, encoding=encoding) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -97,8 +131,7 @@ def read_jsonl(path: Path) -> pd.DataFrame:
 
 
 def read_json(path: Path) -> pd.DataFrame:
-    _check_utf8(path)
-    text = path.read_text(encoding="utf-8-sig")
+    text = path.read_text(encoding=text_encoding(path))
     if not text.strip():
         raise DataError(f"{path}: the file is empty", "give a JSON array of objects or JSON Lines")
     try:

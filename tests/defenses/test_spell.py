@@ -1,0 +1,95 @@
+"""SpellRepair: typos fixed, everything else kept byte for byte, training vocabulary respected, fast enough."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ttt_pipeline.corruption import corrupt_texts
+from ttt_pipeline.corruption.samples import synthetic_reviews
+from ttt_pipeline.defenses.spell import SpellRepair, get_repair, vocabulary_counts
+
+
+@pytest.fixture(scope="module")
+def repair() -> SpellRepair:
+    return SpellRepair()
+
+
+def test_typos_fixed(repair):
+    assert repair.repair("the battry is graet") == "the battery is great"
+
+
+def test_casing_punctuation_numbers_kept(repair):
+    assert repair.repair("The BATTRY lasted 10 hours!!") == "The BATTERY lasted 10 hours!!"
+    assert repair.repair("Graet  sound,\tteh best\n") == "Great  sound,\tthe best\n"
+
+
+def test_clean_text_unchanged(repair):
+    text = "I bought this radio in 2004 , and it still works : the sound is clear and the remote is fine."
+    assert repair.repair(text) == text
+
+
+def test_left_as_written(repair):
+    """Digits, apostrophes, mixed case, acronyms, bare contractions, 1-letter and non-ASCII words."""
+    text = "mp3 2nd don't it’s iPod USB HDMI dont im x q café"
+    assert repair.repair(text) == text
+
+
+def test_repeated_letters(repair):
+    assert repair.repair("goood and sooooo loooong") == "good and so long"
+
+
+def test_short_words_take_one_edit(repair):
+    assert repair.repair("teh") == "the"
+    assert repair.repair("xqz") == "xqz"  # nothing within 1 edit: kept
+
+
+def test_training_vocabulary_keeps_a_product_name():
+    text = "My Netgear router"
+    assert SpellRepair().repair(text) == "My Nether router"  # without it the brand becomes a dictionary word
+    train = ["the netgear box", "Netgear support was slow", "one mention of Vonage"]
+    with_vocab = SpellRepair(extra_vocabulary=train)
+    assert with_vocab.repair(text) == text
+    assert with_vocab.repair("My Netgeer router") == text  # misspellings repaired towards it
+    assert "netgear" in with_vocab.extra_words and "vonage" not in with_vocab.extra_words  # min_count 2
+    assert SpellRepair(extra_vocabulary=train, min_count=1).repair("Vonage") == "Vonage"
+    assert SpellRepair().repair("Vonage") == "Voyage"
+
+
+def test_vocabulary_counts_words_of_texts():
+    counts = vocabulary_counts(["The netgear, the NETGEAR 2x don't", "x"])
+    assert counts == {"the": 2, "netgear": 2}
+
+
+def test_stored_vocabulary_mapping_keeps_its_counts():
+    """A word -> count mapping (the stored training vocabulary) is not re-counted: each key counts n times."""
+    stored = {"netgear": 2, "mp3": 5, "don't": 9, "vonage": 1}
+    assert vocabulary_counts(stored) == {"netgear": 2, "vonage": 1}
+    repair = SpellRepair(extra_vocabulary=stored)
+    assert repair.extra_words == {"netgear"}  # vonage is below min_count 2
+    assert repair.repair("My Netgear router, Vonage") == "My Netgear router, Voyage"
+
+
+def test_deterministic():
+    texts = corrupt_texts(synthetic_reviews(20, seed=3), "tutorial", 3, 42).texts
+    first = SpellRepair().repair_all(texts)
+    assert first == SpellRepair().repair_all(texts) == SpellRepair().repair_all(list(reversed(texts)))[::-1]
+    assert first != texts
+
+
+def test_get_repair_is_shared():
+    assert get_repair() is get_repair()
+    a = get_repair(extra_texts_digest="abc", extra_vocabulary=["netgear netgear"])
+    assert get_repair(extra_texts_digest="abc", extra_vocabulary=["netgear netgear"]) is a
+    assert a.repair("Netgear") == "Netgear"
+
+
+def test_speed(repair):
+    """A lenient floor, cold word cache (bench/spell_repair.py times real MDSD reviews)."""
+    texts = corrupt_texts(synthetic_reviews(200, seed=1), "tutorial", 3, 42).texts
+    fresh = SpellRepair()  # empty word cache (the dictionary is shared, loaded by the fixture)
+    start = time.perf_counter()
+    out = fresh.repair_all(texts)
+    rate = len(texts) / (time.perf_counter() - start)
+    assert len(out) == 200 and rate > 50, f"{rate:.0f} reviews/s"

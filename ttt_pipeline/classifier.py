@@ -1,0 +1,319 @@
+"""A trained review classifier as one object: texts in; label, its probability and the class probabilities out,
+under any defense (`none`, `spell`, `masked_ttt`, `spell+masked_ttt`, ...).
+
+    from ttt_pipeline import load_classifier
+    clf = load_classifier("models:/ttt-review-classifier@champion", tracking_uri="sqlite:///mlflow.db")
+    clf.predict(["Great sound, battery lasts all day."], method="masked_ttt", steps=3)
+    # [{"label": "5", "probability": 0.61, "probabilities": {"1": 0.02, ..., "5": 0.61}}]
+
+The inference configuration is a flat dict: `method` plus the scalar `ttt.*` settings (mask_prob, steps, lr,
+seed, batch_size, spell_max_edit_distance, ...; `INFERENCE_FIELDS`). A logged MLflow Model stores it as its
+model config; every call may override any of it. Predictions go through `evaluate.predict_texts`, the code the
+evaluate step scores with, so the same texts in the same batches give the evaluate step's numbers.
+
+Masked TTT and Tent adapt the shared model in place and restore it after every batch: a lock serialises the
+calls of one Classifier, so concurrent callers (the threads of `mlflow models serve`) never see each other's
+adapted weights.
+
+No MLflow here: folders load directly; run ids and `models:/` URIs are downloaded by `ttt_pipeline.mlflow_model`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+import typing
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .errors import ConfigError, PipelineError
+
+log = logging.getLogger(__name__)
+
+# TTTConfig fields that are not per-request inference settings
+_NOT_INFERENCE = {"methods", "mask_seeds", "score_clean"}
+_TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def inference_fields() -> dict[str, str]:
+    """The scalar `ttt.*` settings a caller may set per request: name -> MLflow param type."""
+    from .config import TTTConfig
+
+    out = {}
+    for name, field in TTTConfig.model_fields.items():
+        if name in _NOT_INFERENCE:
+            continue
+        ann = field.annotation
+        if typing.get_origin(ann) is typing.Literal:
+            kinds = {type(a) for a in typing.get_args(ann)}
+            ann = kinds.pop() if len(kinds) == 1 else None
+        if ann in _TYPES:
+            out[name] = _TYPES[ann]
+    return out
+
+
+def default_method(methods: list[str]) -> str:
+    """The defense a model applies unless told otherwise: the first scored method other than `none`."""
+    return next((m for m in methods if m != "none"), "none")
+
+
+def inference_config(ttt=None, method: str | None = None) -> dict[str, Any]:
+    """`method` plus every inference setting of a TTTConfig (defaults when None)."""
+    from .config import TTTConfig
+
+    ttt = ttt if ttt is not None else TTTConfig()
+    return {"method": method or default_method(ttt.methods), **{k: getattr(ttt, k) for k in inference_fields()}}
+
+
+def settings_error(exc) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = [str(p) for p in e["loc"]]
+        name = "method" if loc[:1] == ["methods"] else "ttt." + ".".join(loc)
+        parts.append(f"{name}: {e['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities as the evaluate step stores them (float32)."""
+    z = logits - logits.max(-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(-1, keepdims=True)).astype("float32")
+
+
+def check_texts(texts: Iterable[Any]) -> list[str]:
+    """A list of strings; a lone string is one text. Anything else names the offending position."""
+    if isinstance(texts, str):
+        return [texts]
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise PipelineError(f"text {i} is {type(t).__name__}, not a string",
+                                "give every review as a string (missing texts cannot be classified)")
+    return out
+
+
+class Classifier:
+    """A ReviewClassifier with its tokenizer, label names, inference configuration and spell vocabulary."""
+
+    def __init__(self, model, tokenizer, config: dict[str, Any] | None = None,
+                 vocabulary: dict[str, int] | None = None, device="cpu", source: str | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.label_names: list[str] = list(model.meta.label_names)
+        self.max_length: int = model.meta.max_length
+        self.vocabulary = vocabulary
+        self.device = device
+        self.source = source
+        self._lock = threading.Lock()
+        self._repair_cache: dict[tuple, Callable[[list[str]], list[str]]] = {}
+        self.config = inference_config(method="none")
+        self.configure(**(config or {}))
+
+    # ------------------------------------------------------------------ configuration
+
+    def configure(self, **settings) -> "Classifier":
+        """Change the default inference configuration (validated); returns self."""
+        method, ttt = self.settings(**settings)
+        self.config = {"method": method, **{k: getattr(ttt, k) for k in inference_fields()}}
+        return self
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]
+
+    def settings(self, method: str | None = None, **overrides) -> tuple[str, Any]:
+        """(method name, validated TTTConfig) of one call: the configuration with `overrides` on top."""
+        from pydantic import ValidationError
+
+        from .config import TTTConfig
+
+        fields = inference_fields()
+        unknown = sorted(set(overrides) - set(fields) - {"method"})
+        if unknown:
+            raise ConfigError(f"unknown inference setting(s) {unknown}",
+                              f"settings are method and the ttt.* fields {', '.join(fields)}")
+        merged = {**self.config, **{k: v for k, v in overrides.items() if v is not None}}
+        name = method or merged.pop("method", None) or "none"
+        merged.pop("method", None)
+        try:
+            ttt = TTTConfig.model_validate({**merged, "methods": [name]})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
+                              "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None
+        return name, ttt
+
+    # ------------------------------------------------------------------ prediction
+
+    def _repairs(self, name: str, ttt) -> list[Callable[[list[str]], list[str]]]:
+        """The method's text repairs, built once per setting (a spelling dictionary loads in seconds)."""
+        from .defenses import registry
+
+        fixes = []
+        for r in registry.parse(name).repairs:
+            use_vocab = ttt.spell_vocabulary == "train" and self.vocabulary is not None
+            key = (r, ttt.spell_max_edit_distance, use_vocab)
+            if key not in self._repair_cache:
+                if ttt.spell_vocabulary == "train" and self.vocabulary is None:
+                    log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
+                                self.source or "classifier", r)
+                context = {"vocabulary": self.vocabulary} if use_vocab else {}
+                self._repair_cache[key] = registry.build_repairs(registry.Method(r, (r,), "none"), ttt, context)[0]
+            fixes.append(self._repair_cache[key])
+        return fixes
+
+    def prepare(self, method: str | None = None, **overrides) -> "Classifier":
+        """Build what a method needs before the first call (spell's dictionary loads in seconds); returns self."""
+        name, ttt = self.settings(method, **overrides)
+        with self._lock:
+            self._repairs(name, ttt)
+        return self
+
+    def predict_logits(self, texts: Iterable[str], method: str | None = None,
+                       progress: Callable[[int, int], None] | None = None, **overrides) -> np.ndarray:
+        """Class logits (n x classes) under the configured method, or `method` and `overrides` for this call."""
+        from .evaluate import predict_texts
+
+        texts = check_texts(texts)
+        name, ttt = self.settings(method, **overrides)
+        if not texts:
+            return np.zeros((0, len(self.label_names)), dtype=np.float32)
+        with self._lock:  # engines adapt the shared weights in place (and restore them): one call at a time
+            repairs = self._repairs(name, ttt)
+            return predict_texts(self.model, self.tokenizer, texts, name, ttt, self.max_length, ttt.batch_size,
+                                 self.device, progress, repairs)
+
+    def predict_proba(self, texts: Iterable[str], method: str | None = None, **overrides) -> np.ndarray:
+        """Class probabilities (n x classes, columns in `label_names` order)."""
+        return softmax(self.predict_logits(texts, method, **overrides))
+
+    def predict(self, texts: Iterable[str], method: str | None = None,
+                progress: Callable[[int, int], None] | None = None, **overrides) -> list[dict[str, Any]]:
+        """One dict per text: `label`, its `probability` and every class's `probabilities`."""
+        return self.records(softmax(self.predict_logits(texts, method, progress, **overrides)))
+
+    def records(self, probs: np.ndarray) -> list[dict[str, Any]]:
+        names = self.label_names
+        out = []
+        for row in probs:
+            k = int(row.argmax())
+            out.append({"label": names[k], "probability": float(row[k]),
+                        "probabilities": {n: float(p) for n, p in zip(names, row)}})
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Classifier({self.source or 'in memory'}: labels {self.label_names}, method {self.method!r}, "
+                f"{self.model.meta.base_model})")
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def model_folder(path: Path) -> Path | None:
+    """The saved classifier (meta.json + head.safetensors) at `path` or in its `model/` (a store entry)."""
+    for cand in (path, path / "model"):
+        if (cand / "meta.json").is_file() and (cand / "head.safetensors").is_file():
+            return cand
+    return None
+
+
+def mlflow_model_parts(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(classifier folder, stored inference configuration) of an MLflow Model folder logged by this package,
+    read from its MLmodel file (YAML) without importing MLflow; None when `path` holds no MLmodel."""
+    import yaml
+
+    mlmodel = path / "MLmodel"
+    if not mlmodel.is_file():
+        return None
+    try:
+        spec = yaml.safe_load(mlmodel.read_text(encoding="utf-8")) or {}
+        pyfunc = spec["flavors"]["python_function"]
+    except (yaml.YAMLError, KeyError, TypeError):
+        raise PipelineError(f"{path}: MLmodel has no python_function flavour",
+                            "give a model logged by ttt-pipeline (its fine-tune stage)") from None
+    from .mlflow_model import LOADER_MODULE  # a plain module: no MLflow import at module level
+
+    if pyfunc.get("loader_module") != LOADER_MODULE:
+        raise PipelineError(f"{path}: an MLflow Model of another kind (loader {pyfunc.get('loader_module')!r})",
+                            f"give a model logged by ttt-pipeline (loader {LOADER_MODULE})")
+    folder = model_folder(path / pyfunc.get("data", "data/model"))
+    if folder is None:
+        raise PipelineError(f"{path}: the MLflow Model holds no classifier files under {pyfunc.get('data')}",
+                            "the model folder is incomplete: download it again")
+    return folder, known_settings(dict(pyfunc.get("config") or {}), path)
+
+
+def known_settings(config: dict[str, Any], where) -> dict[str, Any]:
+    """A stored configuration's settings this version knows (a model logged by another version of the package
+    keeps the rest of its configuration; the unknown ones are named in a warning)."""
+    known = {"method", *inference_fields()}
+    dropped = sorted(set(config) - known)
+    if dropped:
+        log.warning("%s: inference settings %s are not known to this version; ignored", where, dropped)
+    return {k: v for k, v in config.items() if k in known}
+
+
+def from_folder(folder: Path, config: dict[str, Any] | None = None, device: str = "auto",
+                vocabulary: dict[str, int] | None = None, source: str | None = None) -> Classifier:
+    """A Classifier from a saved model folder (encoder/ safetensors, head.safetensors, tokenizer/, meta.json;
+    optional vocabulary.json). No remote code and no pickles are loaded."""
+    from .defenses.vocabulary import FILE, read_vocabulary
+    from .model import load_model, pick_device
+
+    folder = Path(folder)
+    if not any((folder / "encoder").glob("*.safetensors")):
+        raise PipelineError(f"{folder}: no safetensors weights under encoder/",
+                            "only models saved by ttt-pipeline (safetensors, no pickles) are loaded")
+    dev = pick_device(device)
+    model, tokenizer = load_model(folder, dev)
+    if vocabulary is None:
+        vocabulary = read_vocabulary(folder / FILE)
+    return Classifier(model, tokenizer, config, vocabulary, dev, source or str(folder))
+
+
+def load_local(path: Path, config: dict[str, Any] | None = None, device: str = "auto",
+               source: str | None = None) -> Classifier:
+    """A local MLflow Model folder (its stored configuration, `config` on top) or a plain model folder."""
+    path = Path(path).expanduser()
+    parts = mlflow_model_parts(path)
+    if parts is not None:
+        folder, stored = parts
+        return from_folder(folder, {**stored, **(config or {})}, device, source=source or str(path))
+    folder = model_folder(path)
+    if folder is None:
+        raise PipelineError(f"{path}: no classifier here (no MLmodel, no meta.json + head.safetensors)",
+                            "give the fine-tune step's model folder, an MLflow Model folder, a run id or "
+                            "models:/<name>@<alias>")
+    return from_folder(folder, config, device, source=source or str(path))
+
+
+def is_mlflow_reference(source: str) -> bool:
+    return source.startswith(("models:/", "runs:/")) or bool(RUN_ID.match(source))
+
+
+def load_classifier(source: str | Path, device: str = "auto", tracking_uri: str | None = None,
+                    config: dict[str, Any] | None = None, **settings) -> Classifier:
+    """A Classifier from a folder, an MLflow run id (the pipeline run or its fine-tune run),
+    `models:/<name>@<alias>`, `models:/<name>/<version>`, `models:/<model id>` or `runs:/<id>/<path>`.
+
+    `tracking_uri` (default: $TTT_TRACKING_URI, $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db) resolves MLflow
+    references; `config` and keyword `settings` (method=..., steps=...) override the stored inference
+    configuration."""
+    overrides = {**(config or {}), **settings}
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        return load_local(path, overrides, device)
+    if not is_mlflow_reference(text):
+        raise PipelineError(f"model {text!r}: no such folder, and not an MLflow run id or models:/ URI",
+                            "give a model folder, a run id (32 hex digits), models:/<name>@<alias> or "
+                            "models:/<name>/<version>")
+    from .mlflow_model import download_model
+
+    with tempfile.TemporaryDirectory(prefix="ttt-model-") as tmp:  # weights are read into memory, then dropped
+        local = download_model(text, Path(tmp), tracking_uri)
+        return load_local(local, overrides, device, source=text)

@@ -1,0 +1,148 @@
+"""What `ttt-pipeline run` shows in the terminal: quiet, named log lines while it works, then one compact table.
+
+- Logging: Prefect's per-task `Finished in state Completed()` / `Cached(...)` lines (one per task, no stage name)
+  and its temporary-server notices are dropped from the console (the Prefect UI still gets them); the stages log
+  their own start and end (flows/pipeline.py) and progress has its own lines (tasks/progress.py).
+- The summary: clean accuracy, corrupted accuracy with the corruption drop, and every defense's accuracy on the
+  corrupted reviews with its paired gain over no defense (95% interval, verdict); the default defense first.
+- The two commands that open the UIs (MLflow, Prefect).
+
+Numbers come from the run summary only (the flow's paired statistics: ttt_pipeline.robustness), never
+recomputed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .stats import format_difference
+
+QUIET_PREFIXES = ("Finished in state Completed", "Finished in state Cached", "Beginning flow run",
+                  "Starting temporary server", "Stopping temporary server", "Created task run", "Executing '")
+
+
+class QuietPrefect(logging.Filter):
+    """Drops Prefect's routine lifecycle lines from a console handler; failures and warnings pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("prefect") and record.levelno <= logging.INFO:
+            return not record.getMessage().startswith(QUIET_PREFIXES)
+        return True
+
+
+class ConsoleFormatter(logging.Formatter):
+    """`12:03:41  fine-tune: computed in 1 min 33 s`; other levels keep their level and logger name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        if record.levelno == logging.INFO and not record.exc_info:
+            return f"{stamp}  {record.getMessage()}"
+        return f"{stamp}  {record.levelname} {record.name}: {super().format(record)}"
+
+
+def setup_run_logging() -> logging.Handler:
+    """The run command's console: one stderr handler on the root logger (Prefect keeps a user's root handler and
+    propagates its run loggers to it), quiet Prefect lifecycle lines, MLflow's INFO chatter off."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(ConsoleFormatter())
+    handler.addFilter(QuietPrefect())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return handler
+
+
+def _points(d: dict) -> str:
+    return format_difference(d)
+
+
+def _corruption_words(cfg) -> str:
+    if cfg is None:
+        return ""
+    c = cfg.corruption
+    fams = ", ".join(c.families)
+    sevs = ", ".join(str(s) for s in c.severities)
+    return f"{fams} at severity {sevs}" if c.families != ["tutorial"] else "the torch-ttt tutorial's composite"
+
+
+def summary_table(summary: dict, cfg=None) -> str:
+    """The run's result in a few rows: accuracy, and each paired difference with its 95% interval."""
+    clean, corrupted = summary.get("acc_clean"), summary.get("acc_corrupted")
+    gains = summary.get("gains") or {}
+    default = (summary.get("defense_gain") or {}).get("method")
+    methods = ([default] if default in gains else []) + [m for m in gains if m != default]
+    rows: list[tuple[str, str, str, str]] = []
+    if clean is not None:
+        rows.append(("clean", f"{clean:.3f}", "", ""))
+    if corrupted is not None:
+        drop = summary.get("corruption_drop")
+        rows.append(("corrupted, no defense", f"{corrupted:.3f}", "drop (clean - corrupted)" if drop else "",
+                     _points(drop) if drop else ""))
+        for m in methods:
+            g = gains[m].get("corrupted")
+            if not g:
+                continue
+            label = f"corrupted, {m}" + (" (default defense)" if m == default else "")
+            rows.append((label, f"{corrupted + g['delta']:.3f}", "gain (vs no defense)", _points(g)))
+    if not rows:
+        return "no accuracy was scored"
+    w0 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[2]) for r in rows)
+    head = f"{'':<{w0}}  accuracy  {'paired difference, points [95% interval]':<{w2}}"
+    lines = [head.rstrip()] + [f"{a:<{w0}}  {b:>8}  {c:<{w2}}  {d}".rstrip() for a, b, c, d in rows]
+    notes = []
+    n = (summary.get("corruption_drop") or summary.get("defense_gain") or {}).get("n")
+    if n:
+        notes.append(f"{n} test reviews")
+    if cfg is not None and corrupted is not None:
+        notes.append(f"corrupted = {_corruption_words(cfg)}")
+    seeds = next((len(v["mask_seeds"]) for v in (summary.get("defense_gain"), summary.get("ttt_gain"))
+                  if v and v.get("mask_seeds")), None)
+    if seeds:
+        notes.append(f"masked methods pooled over {seeds} mask seed{'s' if seeds != 1 else ''}")
+    if notes:
+        lines.append("(" + "; ".join(notes) + ")")
+    return "\n".join(lines)
+
+
+def _bin(name: str) -> str:
+    """The command as this interpreter's environment has it (.venv/bin/mlflow), relative when under cwd."""
+    exe = Path(sys.executable).parent / name
+    if not exe.exists():
+        return name
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
+
+
+def ui_commands(tracking_uri: str, run_url: str | None = None) -> list[tuple[str, str, str]]:
+    """(UI, command, what to open) for MLflow and Prefect, as this run recorded into them."""
+    from .tracking import redact
+
+    if tracking_uri.startswith(("http://", "https://")):
+        mlflow = ("MLflow", "(server already running)", run_url or redact(tracking_uri))
+    else:
+        mlflow = ("MLflow", f"{_bin('mlflow')} ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000",
+                  run_url or "http://127.0.0.1:5000")
+    api = os.environ.get("PREFECT_API_URL", "")
+    if api:
+        ui = os.environ.get("PREFECT_UI_URL") or api.removesuffix("/api")
+        prefect = ("Prefect", "(server already running)", ui)
+    else:
+        home = os.environ.get("PREFECT_HOME")
+        prefix = f"PREFECT_HOME={shlex.quote(home)} " if home else ""
+        prefect = ("Prefect", f"{prefix}{_bin('prefect')} server start --host 127.0.0.1", "http://127.0.0.1:4200")
+    return [mlflow, prefect]
+
+
+def ui_lines(tracking_uri: str, run_url: str | None = None) -> str:
+    rows = ui_commands(tracking_uri, run_url)
+    width = max(len(c) for _, c, _ in rows)
+    return "\n".join(f"  {name + ':':<8} {cmd:<{width}}  then open {url}" for name, cmd, url in rows)

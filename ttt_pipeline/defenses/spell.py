@@ -1,0 +1,171 @@
+"""Spelling repair in front of the model: word-level SymSpell lookups on symspellpy's English dictionary.
+
+Why word-level `lookup` (not `lookup_compound`): compound segmentation is far too slow for a test set and
+rewrites spacing; per-word lookups with a per-word cache cost little once the review vocabulary is seen.
+Only what is likely a typo is touched, so clean text passes through (almost) unchanged:
+
+- the text is cut into word / non-word runs; punctuation, whitespace and numbers are copied verbatim;
+- candidates are ASCII alphabetic words of 2+ letters: words with digits, apostrophes (don't) or other
+  scripts, mixed-case words (iPod, SanDisk: deliberate brand spellings) and all-caps words of up to 4
+  letters (DVD, USB, HDMI: acronyms the dictionary lacks) are left as written;
+- words in the dictionary or in the training vocabulary are kept, and so are contractions written without
+  their apostrophe (dont, im): SymSpell would otherwise turn them into other words (done, in);
+- runs of 3+ equal letters are cut to 2 first (goooood -> good: English has no triple letters);
+- the correction is the closest word (TOP verbosity, ties by frequency), re-cased like the input
+  (BATTRY -> BATTERY, Graet -> Great); words of 2-3 letters only accept 1 edit (2 edits reach too much).
+
+`extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
+the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
+slang) at a high frequency, so they survive and their misspellings are repaired towards them.
+Deterministic: no randomness; ties go to the more frequent word, then symspellpy's stable order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import lru_cache
+from importlib import resources
+from typing import Iterable, Mapping
+
+from symspellpy import SymSpell, Verbosity
+
+__all__ = ["SpellRepair", "get_repair", "DICTIONARY"]
+
+DICTIONARY = "frequency_dictionary_en_82_765.txt"
+# Count given to training-vocabulary words: above ~90% of the dictionary (so a product name wins a tie with
+# a rare dictionary word) but far below function words (the: 2.3e10), which must keep winning their ties.
+EXTRA_COUNT = 10_000_000
+# Word runs with internal apostrophes (don't, it’s); everything between them is copied verbatim.
+_TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+_CANDIDATE = re.compile(r"[A-Za-z]{2,}")
+_TRIPLE = re.compile(r"(.)\1{2,}")
+_ACRONYM_MAX = 4  # all-caps words up to this length are left as written
+_CACHE_LIMIT = 500_000  # per-instance word cache entries; cleared when full (bounded memory)
+
+
+@lru_cache(maxsize=4)
+def _base(max_edit_distance: int) -> SymSpell:
+    """The shipped dictionary, loaded once per edit distance (it takes seconds; never mutated afterwards)."""
+    sym = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=7)
+    with resources.as_file(resources.files("symspellpy") / DICTIONARY) as path:
+        if not sym.load_dictionary(str(path), term_index=0, count_index=1, encoding="utf-8"):
+            raise FileNotFoundError(f"symspellpy dictionary {DICTIONARY} could not be loaded")
+    return sym
+
+
+@lru_cache(maxsize=4)
+def _bare_contractions(max_edit_distance: int) -> frozenset[str]:
+    """Dictionary words with an apostrophe, written without it (dont, im, theyre)."""
+    return frozenset(w.replace("'", "") for w in _base(max_edit_distance).words if "'" in w)
+
+
+def vocabulary_counts(texts: Iterable[str] | Mapping[str, int]) -> Counter:
+    """Lower-cased candidate words of texts (or of single words), counted; a word -> count mapping (the
+    stored training vocabulary, `defenses.vocabulary`) keeps its counts."""
+    counts: Counter = Counter()
+    if isinstance(texts, Mapping):
+        for word, n in texts.items():
+            if _CANDIDATE.fullmatch(word):
+                counts[word.lower()] += int(n)
+        return counts
+    for text in texts:
+        counts.update(t.lower() for t in _TOKEN.findall(text) if _CANDIDATE.fullmatch(t))
+    return counts
+
+
+def _recase(word: str, fixed: str) -> str:
+    if word.isupper():
+        return fixed.upper()
+    if word[0].isupper():
+        return fixed[:1].upper() + fixed[1:]
+    return fixed
+
+
+class SpellRepair:
+    """Repairs misspelled words of a text, leaving everything else byte for byte (see the module docstring)."""
+
+    def __init__(self, max_edit_distance: int = 2,
+                 extra_vocabulary: Iterable[str] | Mapping[str, int] | None = None, min_count: int = 2):
+        if max_edit_distance < 1:
+            raise ValueError(f"max_edit_distance must be >= 1, got {max_edit_distance}")
+        self.max_edit_distance = int(max_edit_distance)
+        self._sym = _base(self.max_edit_distance)
+        self._keep_bare = _bare_contractions(self.max_edit_distance)
+        self._extra: SymSpell | None = None
+        self.extra_words: frozenset[str] = frozenset()
+        if extra_vocabulary is not None:
+            counts = vocabulary_counts(extra_vocabulary)
+            words = sorted(w for w, c in counts.items() if c >= min_count and w not in self._sym.words)
+            if words:
+                # A small second dictionary instead of adding to the shared, cached base (slow to load).
+                self._extra = SymSpell(max_dictionary_edit_distance=self.max_edit_distance, prefix_length=7)
+                for w in words:
+                    self._extra.create_dictionary_entry(w, EXTRA_COUNT)
+                self.extra_words = frozenset(words)
+        self._cache: dict[str, str | None] = {}
+
+    def _known(self, word: str) -> bool:
+        return word in self._sym.words or word in self.extra_words or word in self._keep_bare
+
+    def _correct(self, low: str) -> str | None:
+        """Lower-case correction of a lower-case candidate, or None to keep it."""
+        if self._known(low):
+            return None
+        squeezed = _TRIPLE.sub(r"\1\1", low)
+        if squeezed != low and self._known(squeezed):
+            return squeezed
+        limit = 1 if len(squeezed) <= 3 else self.max_edit_distance
+        best = None
+        for sym in (self._sym, self._extra):
+            if sym is None:
+                continue
+            found = sym.lookup(squeezed, Verbosity.TOP, max_edit_distance=limit)
+            if found and (best is None or (found[0].distance, -found[0].count) < (best.distance, -best.count)):
+                best = found[0]
+        return None if best is None or best.term == low else best.term
+
+    def _word(self, match: re.Match) -> str:
+        word = match.group(0)
+        if not _CANDIDATE.fullmatch(word):
+            return word
+        if not (word.islower() or word.isupper() or word[1:].islower()):
+            return word  # mixed case: a deliberate spelling (iPod, SanDisk)
+        if word.isupper() and len(word) <= _ACRONYM_MAX:
+            return word  # DVD, USB, HDMI: acronyms, which the dictionary lacks (it would make DID, US, HOME)
+        low = word.lower()
+        try:
+            fixed = self._cache[low]
+        except KeyError:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            fixed = self._cache[low] = self._correct(low)
+        return word if fixed is None else _recase(word, fixed)
+
+    def repair(self, text: str) -> str:
+        """The text with its misspelled words replaced; everything else unchanged."""
+        return _TOKEN.sub(self._word, text)
+
+    def repair_all(self, texts: list[str]) -> list[str]:
+        return [self.repair(t) for t in texts]
+
+    __call__ = repair_all
+
+
+_by_digest: dict[tuple[int, str | None], SpellRepair] = {}
+
+
+def get_repair(max_edit_distance: int = 2, extra_texts_digest: str | None = None,
+               extra_vocabulary: Iterable[str] | Mapping[str, int] | None = None) -> SpellRepair:
+    """A shared SpellRepair, so its word cache carries over between calls. With a vocabulary, pass
+    `extra_texts_digest` (e.g. the training set's digest): it, not the texts, keys the share; without a
+    digest a vocabulary gets a fresh instance."""
+    if extra_vocabulary is not None and extra_texts_digest is None:
+        return SpellRepair(max_edit_distance, extra_vocabulary)
+    key = (max_edit_distance, extra_texts_digest if extra_vocabulary is not None else None)
+    hit = _by_digest.get(key)
+    if hit is None:
+        hit = _by_digest[key] = SpellRepair(max_edit_distance, extra_vocabulary)
+        while len(_by_digest) > 8:  # oldest first
+            _by_digest.pop(next(iter(_by_digest)))
+    return hit

@@ -1,0 +1,420 @@
+"""`ttt-pipeline predict`: classify a file of reviews with a trained model, under any defense.
+
+    ttt-pipeline predict --model models:/ttt-review-classifier@champion --input reviews.csv --output out.jsonl
+    ttt-pipeline predict --model <run id | folder> --input reviews.txt --output out.csv --method masked_ttt \\
+        --set ttt.steps=3
+
+Input: CSV, TSV, JSON Lines, JSON (a list of objects), Parquet, or a text file (one review per line); the
+review is in `--text-column` (default `text`). Every row is read and checked before the model is loaded: rows
+without a usable text are listed with their line numbers (row numbers for JSON lists and Parquet) and stop the
+command, unless --skip-bad-rows. Output (by its suffix: .jsonl, .json, .csv, .tsv, .parquet): the input rows,
+in order, with `label`, `probability` and `probabilities` (class -> probability; a JSON string in CSV/TSV)
+added; an input field of one of those names is kept as `input_<name>`. The output file appears only complete
+(written beside it, then renamed): an error leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import ConfigError, DataError
+
+INPUTS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
+OUTPUTS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+ADDED = ("label", "probability", "probabilities")
+LISTED = 10  # bad rows named in a message
+PROGRESS_MIN = 200  # inputs at least this long get a progress bar
+
+
+@dataclass
+class Rows:
+    """What was read: the good rows (with their texts and where they came from) and the bad ones."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    where: list[str] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (line 7, why)
+    columns: list[str] = field(default_factory=list)
+
+    def add(self, where: str, row: dict[str, Any], text: Any, column: str) -> None:
+        if column not in row:
+            self.bad.append((where, f"no '{column}' field"))
+        elif _missing(text):
+            self.bad.append((where, f"'{column}' is empty"))
+        elif not isinstance(text, str):
+            self.bad.append((where, f"'{column}' is a {type(text).__name__}, not text"))
+        elif not text.strip():
+            self.bad.append((where, f"'{column}' is blank"))
+        else:
+            self.rows.append(row)
+            self.texts.append(text)
+            self.where.append(where)
+        for k in row:
+            if k not in self.columns:
+                self.columns.append(k)
+
+
+def _missing(value: Any) -> bool:
+    """None, NaN, pandas' NA."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)
+    except (TypeError, ValueError):  # pd.NA has no truth value; arrays are not missing, just not text
+        return not hasattr(value, "__len__")
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def _utf8(path: Path) -> None:
+    from .data.readers import _check_utf8
+
+    _check_utf8(path)
+
+
+def _read_delimited(path: Path, sep: str, column: str) -> Rows:
+    _utf8(path)
+    out = Rows()
+    csv.field_size_limit(2**31 - 1)
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=sep, strict=True)  # an unclosed quote is an error, not one huge field
+        prev = 0
+        try:
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"{path}: the file is empty", "give a header row, then one review per row")
+            if column not in header:
+                raise DataError(f"{path}: no column '{column}' (columns: {header})",
+                                "name the review column with --text-column")
+            out.columns = list(header)
+            prev = reader.line_num
+            for rec in reader:
+                start, prev = prev + 1, reader.line_num
+                if not rec:  # a blank line
+                    continue
+                where = f"line {start}"
+                if len(rec) != len(header):
+                    out.bad.append((where, f"{len(rec)} fields, the header has {len(header)}"))
+                    continue
+                row = dict(zip(header, rec))
+                out.add(where, row, row[column], column)
+        except csv.Error as exc:  # structural: the rest of the file cannot be trusted
+            raise DataError(f"{path}: line {prev + 1}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'} ({exc})",
+                            "check the quoting of the row starting on that line (a quote opened and never "
+                            "closed swallows the lines after it)") from None
+    return out
+
+
+def _read_jsonl(path: Path, column: str) -> Rows:
+    _utf8(path)
+    out = Rows()
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"line {lineno}"
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+                out.bad.append((where, f"invalid JSON ({getattr(exc, 'msg', type(exc).__name__)})"))
+                continue
+            if not isinstance(obj, dict):
+                out.bad.append((where, f"a JSON {type(obj).__name__}, not an object"))
+                continue
+            out.add(where, obj, obj.get(column), column)
+    return out
+
+
+def _read_json(path: Path, column: str) -> Rows:
+    _utf8(path)
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return _read_jsonl(path, column)  # .json files holding JSON Lines are common
+    except (RecursionError, ValueError) as exc:
+        raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
+                        "give a list of review objects") from None
+    if isinstance(obj, dict):
+        obj = next((obj[k] for k in ("data", "rows", "records", "reviews") if isinstance(obj.get(k), list)), obj)
+    if not isinstance(obj, list):
+        raise DataError(f"{path}: expected a list of objects", f'give [{{"{column}": "..."}}, ...] or JSON Lines')
+    out = Rows()
+    for i, row in enumerate(obj, 1):
+        if not isinstance(row, dict):
+            out.bad.append((f"record {i}", f"a JSON {type(row).__name__}, not an object"))
+            continue
+        out.add(f"record {i}", row, row.get(column), column)
+    return out
+
+
+def _read_parquet(path: Path, column: str) -> Rows:
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises many types for a damaged file
+        raise DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
+                        "check the file is a complete Parquet file") from None
+    if column not in frame.columns:
+        raise DataError(f"{path}: no column '{column}' (columns: {list(frame.columns)})",
+                        "name the review column with --text-column")
+    out = Rows(columns=[str(c) for c in frame.columns])
+    for i, row in enumerate(frame.to_dict("records"), 1):
+        out.add(f"row {i}", row, row[column], column)
+    return out
+
+
+def _read_text(path: Path, column: str) -> Rows:
+    _utf8(path)
+    out = Rows(columns=[column])
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        lines = f.read().splitlines()
+    for lineno, line in enumerate(lines, 1):
+        out.add(f"line {lineno}", {column: line}, line, column)
+    return out
+
+
+def read_rows(path: Path, column: str = "text") -> Rows:
+    """Every row of an input file, each good or bad (with where and why); file-level problems raise."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file", "check --input")
+    suffix = path.suffix.lower()
+    if suffix not in INPUTS:
+        raise DataError(f"{path}: unsupported input type '{suffix}'", f"use one of {', '.join(INPUTS)}")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty", "give a file with reviews")
+    reader = {".csv": lambda: _read_delimited(path, ",", column), ".tsv": lambda: _read_delimited(path, "\t", column),
+              ".jsonl": lambda: _read_jsonl(path, column), ".json": lambda: _read_json(path, column),
+              ".parquet": lambda: _read_parquet(path, column), ".txt": lambda: _read_text(path, column)}[suffix]
+    return reader()
+
+
+def check_rows(path: Path, rows: Rows, skip_bad: bool) -> None:
+    """Bad rows stop the command (named with their line numbers), unless they are to be skipped."""
+    if rows.bad and not skip_bad:
+        listed = "; ".join(f"{w}: {why}" for w, why in rows.bad[:LISTED])
+        more = f"; and {len(rows.bad) - LISTED} more" if len(rows.bad) > LISTED else ""
+        raise DataError(f"{path}: {len(rows.bad)} bad row(s): {listed}{more}",
+                        "fix those rows, or pass --skip-bad-rows to classify the others (the skipped rows are "
+                        "listed)")
+    if not rows.texts:
+        raise DataError(f"{path}: no reviews to classify" + (f" ({len(rows.bad)} bad row(s))" if rows.bad else ""),
+                        "give at least one row with a review text")
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def merge(row: dict[str, Any], prediction: dict[str, Any]) -> dict[str, Any]:
+    """The input row with the prediction's fields added; a clashing input field becomes input_<name>."""
+    out = {(f"input_{k}" if k in ADDED else k): v for k, v in row.items()}
+    out.update(prediction)
+    return out
+
+
+@contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path`, renamed onto it when the block succeeds, removed when it fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    suffix = path.suffix.lower()
+    columns = [(f"input_{c}" if c in ADDED else c) for c in columns] + list(ADDED)
+    with atomic_output(path) as tmp:
+        if suffix == ".parquet":
+            import pandas as pd
+
+            pd.DataFrame(rows, columns=columns).to_parquet(tmp, index=False)
+            return
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            if suffix == ".jsonl":
+                for r in rows:
+                    f.write(json.dumps(r, ensure_ascii=False, default=_jsonable) + "\n")
+            elif suffix == ".json":
+                json.dump(rows, f, ensure_ascii=False, default=_jsonable, indent=1)
+            else:
+                w = csv.DictWriter(f, fieldnames=columns, delimiter="\t" if suffix == ".tsv" else ",",
+                                   extrasaction="ignore")
+                w.writeheader()
+                for r in rows:
+                    w.writerow({k: (json.dumps(v, ensure_ascii=False, default=_jsonable)
+                                    if isinstance(v, (dict, list)) else v) for k, v in r.items()})
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def ttt_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set ttt.steps=3` -> {"steps": 3}; only ttt.* inference settings (the method is --method)."""
+    from .classifier import inference_fields
+    from .config import apply_overrides
+
+    data = apply_overrides({}, items)
+    other = sorted(k for k in data if k != "ttt")
+    if other:
+        raise ConfigError(f"--set {other[0]}.*: predict takes only ttt.* settings",
+                          "the model is trained; set inference settings such as ttt.steps=3 or ttt.lr=1e-4")
+    ttt = data.get("ttt", {})
+    if not isinstance(ttt, dict):
+        raise ConfigError("--set ttt: give a field, e.g. ttt.steps=3", "use --set ttt.<field>=<value>")
+    if "methods" in ttt:
+        raise ConfigError("--set ttt.methods: predict applies one method", "use --method, e.g. --method masked_ttt")
+    fields = inference_fields()
+    unknown = sorted(set(ttt) - set(fields))
+    if unknown:
+        raise ConfigError(f"--set ttt.{unknown[0]}: not an inference setting",
+                          f"settings are ttt.{', ttt.'.join(fields)}")
+    return ttt
+
+
+def _check_settings(method: str | None, overrides: dict[str, Any]) -> None:
+    """The method name and the --set values on their own, before any file is read or model loaded (the
+    model's configuration is merged and checked again after loading)."""
+    from pydantic import ValidationError
+
+    from .classifier import settings_error
+    from .config import TTTConfig
+
+    try:
+        TTTConfig.model_validate({**overrides, "methods": [method or "none"]})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
+                          "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None
+
+
+class _Progress:
+    """A tqdm bar in reviews/s on stderr for long inputs (predict_texts reports after every batch)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled and total >= PROGRESS_MIN:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=" reviews", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_predict(args) -> int:
+    for k, v in {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}.items():
+        os.environ.setdefault(k, v)
+    inp, outp = Path(args.input).expanduser(), Path(args.output).expanduser()
+    if outp.suffix.lower() not in OUTPUTS:
+        raise ConfigError(f"--output {outp}: unsupported type '{outp.suffix}'", f"use one of {', '.join(OUTPUTS)}")
+    if outp.resolve() == inp.resolve():
+        raise ConfigError("--output is the input file", "write the predictions to another file")
+    overrides = ttt_overrides(args.set)
+    _check_settings(args.method, overrides)
+    rows = read_rows(inp, args.text_column)  # everything is checked before the model loads
+    check_rows(inp, rows, args.skip_bad_rows)
+    for where, why in rows.bad[:LISTED]:
+        print(f"skipped {inp.name} {where}: {why}", file=sys.stderr)
+    if len(rows.bad) > LISTED:
+        print(f"skipped {len(rows.bad) - LISTED} more bad rows", file=sys.stderr)
+
+    from .classifier import load_classifier
+    from .train import set_threads
+
+    set_threads()
+    _quiet_transformers()
+    t0 = time.perf_counter()
+    clf = load_classifier(args.model, device=args.device, tracking_uri=args.tracking_uri)
+    method, ttt = clf.settings(args.method, **overrides)  # validated before the long part
+    clf.prepare(method, **overrides)  # spell's dictionary: loading, not classifying
+    load_s = time.perf_counter() - t0
+    bar = _Progress(len(rows.texts), not args.quiet)
+    t1 = time.perf_counter()
+    try:
+        preds = clf.predict(rows.texts, method, bar, **overrides)
+    finally:
+        bar.close()
+    predict_s = time.perf_counter() - t1
+    write_rows(outp, [merge(r, p) for r, p in zip(rows.rows, preds)], rows.columns)
+    rate = len(preds) / predict_s if predict_s > 0 else float("inf")
+    counts: dict[str, int] = {}
+    for p in preds:
+        counts[p["label"]] = counts.get(p["label"], 0) + 1
+    print(f"{len(preds)} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
+          f"loaded in {load_s:.1f} s){f', {len(rows.bad)} bad rows skipped' if rows.bad else ''} -> {outp}",
+          file=sys.stderr)
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps({"output": str(outp), "n": len(preds), "skipped": [w for w, _ in rows.bad],
+                          "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
+                          "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
+                          "settings": {k: getattr(ttt, k) for k in overrides}}))
+    return 0
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # only cosmetics
+        pass
+
+
+def add_command(subparsers) -> None:
+    p = subparsers.add_parser("predict", help="classify a file of reviews with a trained model (any defense)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, metavar="SOURCE",
+                   help="model folder, MLflow run id, models:/<name>@<alias> or models:/<name>/<version>")
+    p.add_argument("--input", required=True, metavar="FILE", help=f"reviews ({', '.join(INPUTS)})")
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help=f"input rows plus label, probability, probabilities ({', '.join(OUTPUTS)})")
+    p.add_argument("--text-column", default="text", help="column or field holding the review (default: text)")
+    p.add_argument("--method", default=None,
+                   help="defense: none, spell, masked_ttt, tent, mask_ensemble, spell+masked_ttt, ... "
+                   "(default: the model's configured method)")
+    p.add_argument("--set", action="append", default=[], metavar="ttt.KEY=VALUE",
+                   help="override an inference setting, e.g. ttt.steps=3 (as in `run`)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="classify the good rows and list the bad ones (default: bad rows stop the command)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI for run ids and models:/ (default: $TTT_TRACKING_URI, else "
+                   "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on the last stdout line")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(fn=cmd_predict)
