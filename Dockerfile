@@ -21,6 +21,7 @@ COPY pyproject.toml README.md* ./
 COPY ttt_pipeline ttt_pipeline
 COPY tasks tasks
 COPY flows flows
+COPY cli cli
 COPY configs configs
 COPY prefect.yaml ./
 # editable: the presets in configs/ resolve next to the package; psycopg2 is MLflow's postgres driver

@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 .PHONY: setup run test test-all test-fast test-integration test-browser bench lint audit serve stop clean help
 
 help:
-	@echo "make setup | run | test | test-fast | test-integration | test-browser | bench | serve | stop | audit | clean"
+	@echo "make setup | run | lint | test | test-fast | test-integration | test-browser | bench | serve | stop | audit | clean"
 
 setup: $(STAMP)
 
@@ -32,6 +32,13 @@ test: setup
 	$(BIN)/python -m pytest -q -m "not integration and not browser" $(PYTEST_ARGS)
 
 test-all: test test-integration test-browser
+
+# ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
+# functions that fit on a screen (<= 80 lines) in the library, the tasks and the CLI.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/function_length.py ttt_pipeline tasks cli --max 80
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)

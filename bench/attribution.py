@@ -4,13 +4,13 @@
    store when cached, or given with --entry), then the `attribute` step itself, timed, in a fresh store entry
    (or served from the store with --reuse-step: the wall time stored with the entry is reported, with
    `step.cached: true`).
-2. The counterfactual test of the TRAK paper at small scale (ttt_pipeline.attribution_check): on `--cf-train`
+2. The counterfactual test of the TRAK paper at small scale (ttt_pipeline.evaluation.attribution_check): on `--cf-train`
    training reviews S, the algorithm A(S) retrains the attributed subset (`--cf-params`; the head re-initialised)
    from the fine-tuned checkpoint, deterministically (fixed batch slots, no dropout). `--cf-targets` targets are
    drawn as the step draws them (flipped, fixed, broken predictions); TRAK attributes A(S)'s predictions on them
    (an ensemble of `--cf-models` head seeds). For each target: remove its top-k supporting reviews and retrain,
    remove k random reviews and retrain; delta = top-k margin drop minus random margin drop, mean over targets
-   with a 95% percentile-bootstrap interval over targets (ttt_pipeline.stats.bootstrap_interval). The linear
+   with a 95% percentile-bootstrap interval over targets (ttt_pipeline.evaluation.stats.bootstrap_interval). The linear
    datamodeling score over `--lds-subsets` random halves of S is reported when asked for.
 
     .venv/bin/python bench/attribution.py ../shared/data/mdsd/electronics --threads 2 --json
@@ -106,15 +106,14 @@ def pipeline_outputs(cfg, entries: list[Path]):
 
 def counterfactual(args, cfg, data, model_out, corrupted, evaluation) -> tuple[dict, dict | None]:
     import numpy as np
+    import torch
 
     from ttt_pipeline import steps
-    from ttt_pipeline.attribution import sample_train, select_targets, trak_scores
-    from ttt_pipeline.attribution_check import TailTrainer, lds, removal_check
     from ttt_pipeline.data.prepare import load_prepared
-    from ttt_pipeline.model import load_model
-    from ttt_pipeline.stats import bootstrap_interval
-
-    import torch
+    from ttt_pipeline.evaluation.attribution import sample_train, select_targets, trak_scores
+    from ttt_pipeline.evaluation.attribution_check import TailTrainer, lds, removal_check
+    from ttt_pipeline.evaluation.stats import bootstrap_interval
+    from ttt_pipeline.modeling.model import load_model
 
     torch.set_num_threads(args.cf_threads)
     t0 = time.perf_counter()
@@ -175,7 +174,7 @@ def counterfactual(args, cfg, data, model_out, corrupted, evaluation) -> tuple[d
 def _train_predictions(trainer, tail):
     import torch
 
-    from ttt_pipeline.attribution_check import _pad
+    from ttt_pipeline.evaluation.attribution_check import _pad
 
     rows = [int(r) for r in trainer.train_cache.order]
     preds = [0] * len(rows)

@@ -13,9 +13,7 @@ The last stdout line is one JSON object (for CI parsing).
 from __future__ import annotations
 
 import argparse
-import html
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -27,16 +25,13 @@ from ttt_pipeline.corruption import SEVERITY_RATES, corrupt_texts, list_families
 from ttt_pipeline.corruption.samples import synthetic_reviews  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd"
-_REVIEW_TEXT = re.compile(r"<review_text>(.*?)</review_text>", re.S)
 
 
 def load_reviews(data_dir: Path, n: int) -> list[str]:
-    """MDSD *.review files are XML-like but not well-formed (bare '&'), so
-    a regex, not an XML parser, pulls the review_text fields."""
-    texts: list[str] = []
-    for f in sorted((data_dir / "electronics").glob("*.review")):
-        raw = f.read_text(encoding="utf-8", errors="replace")
-        texts.extend(" ".join(html.unescape(m).split()) for m in _REVIEW_TEXT.findall(raw))
+    """The first `n` non-empty electronics review texts, read by the library's MDSD reader."""
+    from ttt_pipeline.data.readers import read_mdsd_folder
+
+    texts = [" ".join(t.split()) for t in read_mdsd_folder(data_dir / "electronics").text]
     return [t for t in texts if t][:n]
 
 

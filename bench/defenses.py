@@ -21,7 +21,7 @@ recipes (masked_ttt_views, masked_ttt_sgd, masked_ttt_lower_norm, masked_ttt_anc
 the combinations spell+mask_ensemble, spell+masked_ttt, spell+masked_ttt_anchored, spell+tent_filtered; on the
 robustly trained model `augment` (no defense), augment+spell, augment+masked_ttt, augment+spell+masked_ttt. Masked
 methods are scored once per mask seed (0, 1, 2). Every difference is paired on the same reviews and pooled per
-review over training seeds, mask seeds and, where said, sets (`ttt_pipeline.stats.paired_difference`).
+review over training seeds, mask seeds and, where said, sets (`ttt_pipeline.evaluation.stats.paired_difference`).
 
 TTT settings: per training seed, masked_ttt is scored on the corrupted validation split (the three families pooled,
 mask seed 0) under each of `--ttt-candidates` (the tutorial settings, lr 1e-4, mask_prob 0.15); the most accurate
@@ -127,11 +127,11 @@ def corrupted_sets(sets: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ training
 def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool):
-    from ttt_pipeline.augment import augment_texts
     from ttt_pipeline.config import FinetuneConfig, ModelConfig
-    from ttt_pipeline.model import build_classifier
-    from ttt_pipeline.tokenize import lengths_dataset
-    from ttt_pipeline.train import finetune
+    from ttt_pipeline.modeling.augment import augment_texts
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.train import finetune
 
     random.seed(seed)
     np.random.seed(seed)
@@ -180,7 +180,7 @@ class Scorer:
 
     def run(self, model, tok, method: str, texts: list[str], labels: list[int], settings) -> tuple[np.ndarray, float]:
         """(0/1 correctness per review, wall seconds) of `method` under TTTConfig `settings`."""
-        from ttt_pipeline.evaluate import predict_texts
+        from ttt_pipeline.evaluation.scoring import predict_texts
 
         t0 = time.perf_counter()
         logits = predict_texts(model, tok, texts, method, settings, self.args.max_length, self.args.batch_size,
@@ -231,7 +231,7 @@ def stacked(store: dict, defense: str, sets: list[str]) -> np.ndarray:
 
 
 def diff(a: np.ndarray, b: np.ndarray, kw: dict) -> dict:
-    from ttt_pipeline.stats import paired_difference
+    from ttt_pipeline.evaluation.stats import paired_difference
 
     d = paired_difference(a, b, **kw).to_dict()
     return {k: d[k] for k in ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")}
@@ -269,7 +269,7 @@ def select_default(val: dict, defenses: list[str], min_speed: float) -> dict:
 
 
 def report(test: dict, val: dict, defenses: list[str], families: list[str], args, kw: dict) -> dict:
-    from ttt_pipeline.stats import recovered_fraction_interval
+    from ttt_pipeline.evaluation.stats import recovered_fraction_interval
 
     sets = list(dict.fromkeys(s for (_, s) in test))
     corrupted = corrupted_sets(dict.fromkeys(sets))

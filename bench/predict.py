@@ -72,7 +72,7 @@ def main() -> None:
     from ttt_pipeline.config import TTTConfig
     from ttt_pipeline.data.readers import read_mdsd_folder
     from ttt_pipeline.defenses.vocabulary import training_vocabulary
-    from ttt_pipeline.mlflow_model import save_classifier_model
+    from ttt_pipeline.io.mlflow_model import save_classifier_model
 
     entry = Path(args.model) if args.model else find_model(Path(args.store))
     folder = model_folder(entry)

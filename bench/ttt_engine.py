@@ -24,7 +24,7 @@ reference's injected masks included), so each figure covers n_test x N predictio
 `acc_by_mask_seed` and recovered fractions are means over the mask seeds, samples/s count every prediction,
 `max_abs_logit_diff*` is the maximum and `predictions_differing_best` the count over all of them.
 
-Intervals (ttt_pipeline.stats.paired_difference, never hand-rolled): `ttt_gain` maps each engine to its
+Intervals (ttt_pipeline.evaluation.stats.paired_difference, never hand-rolled): `ttt_gain` maps each engine to its
 accuracy change against the plain prediction (no TTT) on the same corrupted reviews, {delta, ci_low, ci_high,
 p_mcnemar, helped, hurt, significant, n, mask_seeds}; each review's correctness is averaged over its mask seeds,
 then a paired percentile bootstrap (2000 resamples, 95%) resamples reviews; helped / hurt count reviews whose
@@ -32,10 +32,10 @@ mean correctness rose / fell, p_mcnemar is the exact McNemar (sign) test on them
 interval excludes 0. `corruption_drop` is clean minus corrupted without TTT (same object without mask_seeds).
 The --sweep logs the same interval (pooled over --sweep-seeds, default 0 1 2) for each candidate.
 
-Reviews are read by this module's regex reader, not `ttt_pipeline.data.readers.read_mdsd_folder`: the library
-reader decodes entities twice (XML, then HTML), so 20 reviews would read differently (`&amp;lt;5` gives "<5", not
-"&lt;5"): 5 electronics training reviews, 2 books reviews of the selection sets and 13 kitchen and books dapt
-texts; the trained model and every figure would change (checked 2026-11, same order after the seed-42 shuffle).
+Reviews are read by the library's reader (`ttt_pipeline.data.readers.read_mdsd_folder`), as the pipeline reads
+them. Figures recorded before 2026-11-23 came from this bench's former regex reader, which decoded entities once
+where the library decodes them as XML and then as HTML (`&amp;lt;5` reads "<5", not "&lt;5"): 20 reviews read
+differently (5 electronics training reviews, 2 books reviews of the selection sets, 13 dapt texts).
 Peak RSS per engine: each engine runs in a fresh subprocess (`--rss-worker`) that loads the model, builds
 the corrupted batches and runs that engine on the first few batches; peak = VmHWM of /proc/self/status of
 that process (its own high-water mark: ru_maxrss would inherit the parent's peak across fork+exec), so it
@@ -49,12 +49,10 @@ With --json the last stdout line is one JSON object. Usage:
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import math
 import os
 import random
-import re
 import resource
 import subprocess
 import sys
@@ -72,8 +70,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
-from ttt_pipeline.stats import format_difference, paired_difference  # noqa: E402
 
 THREADS = 2
 DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
@@ -126,25 +124,22 @@ def difference(a: torch.Tensor, b: torch.Tensor, **extra) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- data
-def read_reviews(path: Path) -> list[tuple[str, int]]:
-    """One .review file's rated reviews, entities decoded once (why not the library reader: module doc)."""
-    raw = path.read_text(encoding="utf-8", errors="replace")
-    out = []
-    for block in re.findall(r"<review>(.*?)</review>", raw, re.S):
-        text = re.search(r"<review_text>(.*?)</review_text>", block, re.S)
-        rating = re.search(r"<rating>(.*?)</rating>", block, re.S)
-        if not (text and rating):
-            continue
-        r = int(round(float(rating.group(1).strip())))
-        if r in RATING_TO_LABEL:
-            out.append((html.unescape(text.group(1).strip()), RATING_TO_LABEL[r]))
-    return out
+def _label(rating: str) -> int | None:
+    try:
+        return RATING_TO_LABEL.get(int(round(float(rating))))
+    except ValueError:
+        return None
 
 
 def domain_rows(domain: str) -> list[tuple[str, int]]:
-    """One MDSD domain's rated reviews, shuffled with seed 42 (every split and set here starts from it)."""
-    rows = read_reviews(DATA.parent / domain / "positive.review") + read_reviews(
-        DATA.parent / domain / "negative.review")
+    """One MDSD domain's rated reviews (the library's reader), positive file first, shuffled with seed 42
+    (every split and set here starts from it)."""
+    from ttt_pipeline.data.readers import read_mdsd_folder
+
+    df = read_mdsd_folder(DATA.parent / domain)
+    rows = [(t, _label(r)) for f in ("positive.review", "negative.review")
+            for t, r in zip(df.text[df.source_file == f], df.rating[df.source_file == f])]
+    rows = [(t, y) for t, y in rows if y is not None]
     random.Random(42).shuffle(rows)
     return rows
 
@@ -170,7 +165,7 @@ def padded_batches(tok, texts: list[str], pad_to_max: bool = True) -> list[tuple
 
 # ------------------------------------------------------------------------------------------ training
 def _mlm_mask(ids, am, special, prob, gen):
-    from ttt_pipeline.ttt import eligible_positions
+    from ttt_pipeline.modeling.model import eligible_positions
 
     ok = eligible_positions(ids, am, special)
     return (torch.rand(ids.shape, generator=gen) < prob) & ok
@@ -188,8 +183,8 @@ def unlabeled_texts(quick: bool) -> list[str]:
 
 def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool) -> None:
     """Quick recipe: MLM-head warm-up (encoder frozen), dapt, then joint CE + 0.5 x MLM (see the module doc)."""
-    from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, save_model, special_token_ids
-    from ttt_pipeline.train import optimizer_step
+    from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, save_model, special_token_ids
+    from ttt_pipeline.modeling.train import optimizer_step
 
     no_scaler = torch.amp.GradScaler("cpu", enabled=False)  # optimizer_step's scaler slot: a no-op here
     torch.manual_seed(0)
@@ -286,7 +281,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
 
 
 def get_model(splits, quick: bool):
-    from ttt_pipeline.model import load_model
+    from ttt_pipeline.modeling.model import load_model
 
     out_dir = CACHE / ("model-dapt-quick" if quick else "model-dapt")
     if not (out_dir / "meta.json").is_file():
@@ -298,16 +293,10 @@ def get_model(splits, quick: bool):
 
 # ------------------------------------------------------------------------------------------- engines
 def corrupted(texts: list[str]) -> list[str]:
-    """The tutorial's corruption; another module owns it, so wait for it rather than re-implementing it."""
-    for attempt in range(30):
-        try:
-            from ttt_pipeline.corruption import tutorial_corrupt
+    """The tutorial's corruption (the library's)."""
+    from ttt_pipeline.corruption import tutorial_corrupt
 
-            return list(tutorial_corrupt(texts, seed=42).texts)
-        except ImportError as exc:  # pragma: no cover - only while the module is being written
-            log(f"[bench] ttt_pipeline.corruption not importable yet ({exc}); retry in 20 s")
-            time.sleep(20)
-    raise SystemExit("ttt_pipeline.corruption.tutorial_corrupt is not available")
+    return list(tutorial_corrupt(texts, seed=42).texts)
 
 
 class Reference:
@@ -315,7 +304,8 @@ class Reference:
 
     def __init__(self, model, tok, masker, settings: dict):
         import _torch_ttt_shim as shim
-        from ttt_pipeline.model import special_token_ids
+
+        from ttt_pipeline.modeling.model import special_token_ids
 
         cls = shim.masked_ttt_engine_class()
         self.engine = cls(shim.reference_wrapper(model), mask_token_id=tok.mask_token_id,
@@ -339,8 +329,9 @@ class Reference:
 
 
 def make_ours(model, tok, cfg: dict):
-    from ttt_pipeline.model import special_token_ids
-    from ttt_pipeline.ttt import MaskedTTT, TTTSettings
+    from ttt_pipeline.defenses.base import TTTSettings
+    from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+    from ttt_pipeline.modeling.model import special_token_ids
 
     return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**cfg))
 
@@ -368,9 +359,8 @@ def peak_rss_mb() -> float:
 def rss_worker(args) -> None:
     """Fresh process: load the model, build batches, run one engine on the first few batches, report RSS."""
     torch.set_num_threads(THREADS)
-    from ttt_pipeline.model import load_model
-    from ttt_pipeline.ttt import RowHashMasker
-    from ttt_pipeline.model import special_token_ids
+    from ttt_pipeline.defenses.base import RowHashMasker
+    from ttt_pipeline.modeling.model import load_model, special_token_ids
 
     splits = load_splits(args.quick)
     model, tok = load_model(Path(args.model_dir))
@@ -469,8 +459,8 @@ def main() -> None:
         return None
 
     torch.set_num_threads(THREADS)
-    from ttt_pipeline.model import special_token_ids
-    from ttt_pipeline.ttt import RowHashMasker
+    from ttt_pipeline.defenses.base import RowHashMasker
+    from ttt_pipeline.modeling.model import special_token_ids
 
     splits = load_splits(args.quick)
     model, tok, model_dir = get_model(splits, args.quick)

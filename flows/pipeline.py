@@ -8,13 +8,20 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from tasks import (attribute_task, corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task,
-                   tokenise_task)
+from tasks import (
+    attribute_task,
+    corrupt_task,
+    download_task,
+    evaluate_task,
+    finetune_task,
+    log_stage_task,
+    tokenise_task,
+)
 from tasks.registry import register_task
 from ttt_pipeline.config import PipelineConfig, default_config
-from ttt_pipeline.report import headline_markdown
-from ttt_pipeline.stats import format_difference
-from ttt_pipeline.tracking import Tracker
+from ttt_pipeline.evaluation.stats import format_difference
+from ttt_pipeline.io.report import headline_markdown
+from ttt_pipeline.io.tracking import Tracker
 
 STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
               "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",

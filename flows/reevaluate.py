@@ -28,15 +28,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from flows.stages import _run, evaluate_on_gpu, portable
 from tasks import corrupt_task, download_task, evaluate_task
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.evaluate import headline, metric_name
-from ttt_pipeline.remote_store import open_store
-from ttt_pipeline.tracking import Tracker
-
-from flows.stages import _run, evaluate_on_gpu, portable
+from ttt_pipeline.evaluation.scoring import headline, metric_name
+from ttt_pipeline.io.remote_store import open_store
+from ttt_pipeline.io.tracking import Tracker
 
 RUN_KIND = "nightly-reevaluation"
 REF_PREDICTIONS = "predictions_ref.parquet"
@@ -81,7 +80,7 @@ def load_champion(client, name: str):
 
 
 def _no_champion_report(exc: NoChampion, tracking_uri: str, night: str) -> str:
-    from ttt_pipeline.tracking import redact
+    from ttt_pipeline.errors import redact
 
     return (f"# ⏸ No champion yet: nothing was re-evaluated\n\n"
             f"Night {night}: {exc.message} (MLflow at `{redact(tracking_uri)}`).\n\n"
@@ -138,11 +137,11 @@ def previous_night(tracker: Tracker, model_name: str, night: str):
 
 
 def compare_nights(tracker: Tracker, prev, tonight, threshold: float, cfg) -> dict | None:
-    """Tonight minus the previous night, paired on the reference suite's reviews (ttt_pipeline.robustness);
+    """Tonight minus the previous night, paired on the reference suite's reviews (ttt_pipeline.evaluation.robustness);
     None when the previous night stored no predictions or scored other reviews."""
     import pandas as pd
 
-    from ttt_pipeline.robustness import regression_between
+    from ttt_pipeline.evaluation.robustness import regression_between
 
     with tempfile.TemporaryDirectory(prefix="ttt-prev-") as tmp:
         try:

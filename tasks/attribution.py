@@ -1,4 +1,4 @@
-"""The optional `attribute` task (TRAK, ttt_pipeline.attribution) and what it shows: its MLflow child run's
+"""The optional `attribute` task (TRAK, ttt_pipeline.evaluation.attribution) and what it shows: its MLflow child run's
 logging and a Prefect table artifact. The flow calls it only when `attribution.enabled`."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ import logging
 
 from prefect import task
 
-from ttt_pipeline import stage_logging, steps
+from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.remote_store import localise
+from ttt_pipeline.io import stage_logging
+from ttt_pipeline.io.remote_store import localise
 
+from .common import COMMON, _out, _store, step_cache
 from .progress import Reporter
-from .stages import COMMON, _out, _store, step_cache
 
 
 def _inputs(p: dict) -> dict:
@@ -44,7 +45,7 @@ def log_attribute(tracker, run_id: str, out, cfg: PipelineConfig) -> None:
 def _table_artifact(result: dict) -> None:
     from prefect.artifacts import create_table_artifact
 
-    from ttt_pipeline.attribution import table_rows
+    from ttt_pipeline.evaluation.attribution import table_rows
 
     try:
         rows = table_rows(result)

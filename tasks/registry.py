@@ -1,14 +1,14 @@
 """The registry task: register the run's model and move the `champion` alias when it wins (see
-`ttt_pipeline.registry` for what is registered and how the decision is made)."""
+`ttt_pipeline.io.registry` for what is registered and how the decision is made)."""
 
 from __future__ import annotations
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from ttt_pipeline import registry
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.tracking import Tracker
+from ttt_pipeline.io import registry
+from ttt_pipeline.io.tracking import Tracker
 
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])

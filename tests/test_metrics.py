@@ -2,7 +2,7 @@
 
 import pytest
 
-from ttt_pipeline.evaluate import headline
+from ttt_pipeline.evaluation.scoring import headline
 from ttt_pipeline.metrics import recovered_fraction
 
 

@@ -7,12 +7,19 @@ import torch
 
 from ttt_pipeline.config import ModelConfig
 from ttt_pipeline.errors import ConfigError, DownloadError
-from ttt_pipeline.model import build_classifier, load_model, load_pretrained, resolve_model_source, save_model
+from ttt_pipeline.modeling.model import build_classifier, load_model, load_pretrained, resolve_model_source, save_model
 
 
 def _tiny(kind: str, out, tokenizer_dir):
-    from transformers import AutoTokenizer, BertConfig, DistilBertConfig, RobertaConfig
-    from transformers import BertForMaskedLM, DistilBertForMaskedLM, RobertaForMaskedLM
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        DistilBertConfig,
+        DistilBertForMaskedLM,
+        RobertaConfig,
+        RobertaForMaskedLM,
+    )
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     v = tok.vocab_size

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from ttt_pipeline.config import FinetuneConfig, ModelConfig
 from ttt_pipeline.errors import ConfigError
-from ttt_pipeline.train import WeightedLengthGroupedBatches, class_weights, mlm_mask
+from ttt_pipeline.modeling.train import WeightedLengthGroupedBatches, class_weights, mlm_mask
 
 
 def test_class_weights_are_inverse_frequency():
@@ -68,8 +68,8 @@ def test_mlm_mask_skips_special_and_padding_and_masks_every_row():
 def test_training_learns_a_separable_task(alignment, passes, precision, tiny_bert_dir, tmp_path):
     from datasets import Dataset
 
-    from ttt_pipeline.model import build_classifier
-    from ttt_pipeline.train import evaluate_split, finetune
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.train import evaluate_split, finetune
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[16]), ["neg", "pos"])
@@ -93,7 +93,7 @@ def test_training_learns_a_separable_task(alignment, passes, precision, tiny_ber
 
 
 def test_autocast_precision_per_device():
-    from ttt_pipeline.model import autocast_dtype
+    from ttt_pipeline.modeling.model import autocast_dtype
 
     cpu = torch.device("cpu")
     assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # CPU figures stay fp32
@@ -109,8 +109,8 @@ def test_single_pass_joint_pools_over_unmasked_tokens_only(tiny_bert_dir, tmp_pa
     pooled vector, and every real token that was not masked stays in."""
     from datasets import Dataset
 
-    from ttt_pipeline.model import ReviewClassifier, build_classifier
-    from ttt_pipeline.train import finetune
+    from ttt_pipeline.modeling.model import ReviewClassifier, build_classifier
+    from ttt_pipeline.modeling.train import finetune
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[8], pooling="mean"),

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
-
 from tiny_config import tiny_config
+
 from ttt_pipeline import steps
 from ttt_pipeline.config import FinetuneConfig, ModelConfig, PipelineConfig
 from ttt_pipeline.errors import DataError
@@ -38,8 +38,8 @@ def test_unlabeled_path_needs_dapt(tmp_path, tiny_bert_dir):
 
 
 def test_unlabeled_texts_are_read_tokenised_and_key_the_model(tmp_path, tiny_bert_dir):
-    from ttt_pipeline.model import build_classifier
-    from ttt_pipeline.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
 
     path = write_jsonl(tmp_path / "u.jsonl", TEXTS + ["", "   "])
     cfg = dapt_config(tmp_path, tiny_bert_dir, path)
@@ -75,8 +75,8 @@ def test_dapt_may_be_followed_by_plain_epochs_joint_may_not(tmp_path, tiny_bert_
 def test_dapt_trains_on_training_and_unlabeled_texts(tiny_bert_dir, tmp_path, precision, mlm_weight):
     from datasets import Dataset
 
-    from ttt_pipeline.model import build_classifier
-    from ttt_pipeline.train import finetune
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.train import finetune
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[16]), ["neg", "pos"])

@@ -1,14 +1,22 @@
-"""Robust review classification with masked test-time training: the pure library (no Prefect)."""
+"""Robust review classification with test-time defenses: the pure library (no Prefect).
 
-__version__ = "0.1.0"
+Packages: `data`, `corruption`, `modeling`, `defenses`, `evaluation` (the pure core), `io` (MLflow, remote
+store, plots, reports, batch prediction). docs/architecture.md draws the layers.
+"""
 
-__all__ = ["load_classifier", "Classifier"]
+from ttt_pipeline.version import __version__
+
+__all__ = ["__version__", "load_classifier", "Classifier"]
 
 
 def __getattr__(name: str):
     """`from ttt_pipeline import load_classifier` without importing torch at `import ttt_pipeline`."""
-    if name in ("load_classifier", "Classifier"):
-        from . import classifier
+    if name == "load_classifier":
+        from ttt_pipeline.io.mlflow_model import load_classifier
 
-        return getattr(classifier, name)
+        return load_classifier
+    if name == "Classifier":
+        from ttt_pipeline.classifier import Classifier
+
+        return Classifier
     raise AttributeError(f"module 'ttt_pipeline' has no attribute {name!r}")

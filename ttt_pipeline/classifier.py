@@ -15,14 +15,13 @@ Masked TTT and Tent adapt the shared model in place and restore it after every b
 calls of one Classifier, so concurrent callers (the threads of `mlflow models serve`) never see each other's
 adapted weights.
 
-No MLflow here: folders load directly; run ids and `models:/` URIs are downloaded by `ttt_pipeline.mlflow_model`.
+No MLflow here: folders load directly; `ttt_pipeline.io.mlflow_model.load_classifier` also takes run ids and
+`models:/` URIs (downloaded, then loaded from here).
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import tempfile
 import threading
 import typing
 from pathlib import Path
@@ -30,19 +29,22 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .errors import ConfigError, PipelineError
+from ttt_pipeline.errors import ConfigError, PipelineError
 
 log = logging.getLogger(__name__)
 
 # TTTConfig fields that are not per-request inference settings
 _NOT_INFERENCE = {"methods", "mask_seeds", "score_clean"}
 _TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
-RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# The pyfunc loader a logged model names (ttt_pipeline.io.mlflow_model); models logged before the package
+# layout named ttt_pipeline.mlflow_model, which stays importable for them.
+LOADER_MODULE = "ttt_pipeline.io.mlflow_model"
+OLD_LOADER_MODULES = ("ttt_pipeline.mlflow_model",)
 
 
 def inference_fields() -> dict[str, str]:
     """The scalar `ttt.*` settings a caller may set per request: name -> MLflow param type."""
-    from .config import TTTConfig
+    from ttt_pipeline.config import TTTConfig
 
     out = {}
     for name, field in TTTConfig.model_fields.items():
@@ -64,7 +66,7 @@ def default_method(methods: list[str]) -> str:
 
 def inference_config(ttt=None, method: str | None = None) -> dict[str, Any]:
     """`method` plus every inference setting of a TTTConfig (defaults when None)."""
-    from .config import TTTConfig
+    from ttt_pipeline.config import TTTConfig
 
     ttt = ttt if ttt is not None else TTTConfig()
     return {"method": method or default_method(ttt.methods), **{k: getattr(ttt, k) for k in inference_fields()}}
@@ -130,7 +132,7 @@ class Classifier:
         """(method name, validated TTTConfig) of one call: the configuration with `overrides` on top."""
         from pydantic import ValidationError
 
-        from .config import TTTConfig
+        from ttt_pipeline.config import TTTConfig
 
         fields = inference_fields()
         unknown = sorted(set(overrides) - set(fields) - {"method"})
@@ -151,7 +153,7 @@ class Classifier:
 
     def _repairs(self, name: str, ttt) -> list[Callable[[list[str]], list[str]]]:
         """The method's text repairs, built once per setting (a spelling dictionary loads in seconds)."""
-        from .defenses import registry
+        from ttt_pipeline.defenses import registry
 
         fixes = []
         for r in registry.parse(name).repairs:
@@ -176,7 +178,7 @@ class Classifier:
     def predict_logits(self, texts: Iterable[str], method: str | None = None,
                        progress: Callable[[int, int], None] | None = None, **overrides) -> np.ndarray:
         """Class logits (n x classes) under the configured method, or `method` and `overrides` for this call."""
-        from .evaluate import predict_texts
+        from ttt_pipeline.evaluation.scoring import predict_texts
 
         texts = check_texts(texts)
         name, ttt = self.settings(method, **overrides)
@@ -235,9 +237,7 @@ def mlflow_model_parts(path: Path) -> tuple[Path, dict[str, Any]] | None:
     except (yaml.YAMLError, KeyError, TypeError):
         raise PipelineError(f"{path}: MLmodel has no python_function flavour",
                             "give a model logged by ttt-pipeline (its fine-tune stage)") from None
-    from .mlflow_model import LOADER_MODULE  # a plain module: no MLflow import at module level
-
-    if pyfunc.get("loader_module") != LOADER_MODULE:
+    if pyfunc.get("loader_module") not in (LOADER_MODULE, *OLD_LOADER_MODULES):
         raise PipelineError(f"{path}: an MLflow Model of another kind (loader {pyfunc.get('loader_module')!r})",
                             f"give a model logged by ttt-pipeline (loader {LOADER_MODULE})")
     folder = model_folder(path / pyfunc.get("data", "data/model"))
@@ -261,8 +261,8 @@ def from_folder(folder: Path, config: dict[str, Any] | None = None, device: str 
                 vocabulary: dict[str, int] | None = None, source: str | None = None) -> Classifier:
     """A Classifier from a saved model folder (encoder/ safetensors, head.safetensors, tokenizer/, meta.json;
     optional vocabulary.json). No remote code and no pickles are loaded."""
-    from .defenses.vocabulary import FILE, read_vocabulary
-    from .model import load_model, pick_device
+    from ttt_pipeline.defenses.vocabulary import FILE, read_vocabulary
+    from ttt_pipeline.modeling.model import load_model, pick_device
 
     folder = Path(folder)
     if not any((folder / "encoder").glob("*.safetensors")):
@@ -289,31 +289,3 @@ def load_local(path: Path, config: dict[str, Any] | None = None, device: str = "
                             "give the fine-tune step's model folder, an MLflow Model folder, a run id or "
                             "models:/<name>@<alias>")
     return from_folder(folder, config, device, source=source or str(path))
-
-
-def is_mlflow_reference(source: str) -> bool:
-    return source.startswith(("models:/", "runs:/")) or bool(RUN_ID.match(source))
-
-
-def load_classifier(source: str | Path, device: str = "auto", tracking_uri: str | None = None,
-                    config: dict[str, Any] | None = None, **settings) -> Classifier:
-    """A Classifier from a folder, an MLflow run id (the pipeline run or its fine-tune run),
-    `models:/<name>@<alias>`, `models:/<name>/<version>`, `models:/<model id>` or `runs:/<id>/<path>`.
-
-    `tracking_uri` (default: $TTT_TRACKING_URI, $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db) resolves MLflow
-    references; `config` and keyword `settings` (method=..., steps=...) override the stored inference
-    configuration."""
-    overrides = {**(config or {}), **settings}
-    text = str(source)
-    path = Path(text).expanduser()
-    if path.exists():
-        return load_local(path, overrides, device)
-    if not is_mlflow_reference(text):
-        raise PipelineError(f"model {text!r}: no such folder, and not an MLflow run id or models:/ URI",
-                            "give a model folder, a run id (32 hex digits), models:/<name>@<alias> or "
-                            "models:/<name>/<version>")
-    from .mlflow_model import download_model
-
-    with tempfile.TemporaryDirectory(prefix="ttt-model-") as tmp:  # weights are read into memory, then dropped
-        local = download_model(text, Path(tmp), tracking_uri)
-        return load_local(local, overrides, device, source=text)

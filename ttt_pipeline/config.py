@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from ttt_pipeline.errors import ConfigError
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -71,7 +71,7 @@ class DataConfig(Section):
         """Keys are label values in one spelling (YAML's 1 and "1.0" both mean the label "1")."""
         if not isinstance(v, dict):
             return v
-        from .data.labels import canonical
+        from ttt_pipeline.data.labels import canonical
 
         out: dict = {}
         for key, name in v.items():
@@ -212,7 +212,7 @@ class CorruptionConfig(Section):
     @field_validator("families")
     @classmethod
     def _fam(cls, v: list[str]) -> list[str]:
-        from .corruption import list_families
+        from ttt_pipeline.corruption import list_families
 
         known = list_families()
         bad = [f for f in v if f not in known]
@@ -268,7 +268,7 @@ class TTTConfig(Section):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, v: list[str]) -> list[str]:
-        from .defenses import registry
+        from ttt_pipeline.defenses import registry
 
         for name in v:
             registry.parse(name)  # ValueError names the choices
@@ -297,7 +297,7 @@ class TTTConfig(Section):
 
 
 class EvaluationConfig(Section):
-    """How differences are judged: paired bootstrap intervals and exact McNemar tests (ttt_pipeline.stats)."""
+    """How differences are judged: paired bootstrap intervals and exact McNemar tests (ttt_pipeline.evaluation.stats)."""
 
     resamples: int = Field(2000, ge=2000, description="Bootstrap resamples of every paired interval (>= 2,000).")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence level of the intervals.")
@@ -424,7 +424,7 @@ class PipelineConfig(Section):
 
     def flat(self) -> dict[str, str]:
         """Dotted key -> value strings, for MLflow params; credentials in URIs are masked (user:***@)."""
-        from .tracking import redact
+        from ttt_pipeline.errors import redact
 
         out: dict[str, str] = {}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PipelineError(Exception):
     """An error the user can fix; the CLI prints it as two plain lines, without a traceback."""
@@ -25,3 +27,13 @@ class DataError(PipelineError):
 
 class DownloadError(PipelineError):
     """A remote source could not be fetched: names the source and the offline alternative."""
+
+
+_USERINFO = re.compile(r"(://[^/@\s:]+):[^/@\s]+@")
+_SECRET_QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|access_token|secret|api_key|key|sig)=)[^&#\s]+",
+                           re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`scheme://user:PASSWORD@host` and `?token=...` with the secret masked: for params, tags and messages."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
-from .config import PipelineConfig
-from .storage import StepOutput, StepStore
+from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.storage import StepOutput, StepStore
+from ttt_pipeline.version import __version__
 
 Progress = Callable[[str, int, int, dict], None]
 VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "2"}
@@ -33,7 +33,7 @@ def stored(step: str, inputs: dict, store: StepStore) -> StepOutput | None:
 
 
 def download_inputs(cfg: PipelineConfig) -> dict:
-    from .data.sources import source_fingerprint
+    from ttt_pipeline.data.sources import source_fingerprint
 
     d = cfg.data
     return {"data": d.model_dump(mode="json"), "source": source_fingerprint(d.path),
@@ -42,22 +42,22 @@ def download_inputs(cfg: PipelineConfig) -> dict:
 
 
 def download(cfg: PipelineConfig, store: StepStore) -> StepOutput:
-    from .data.prepare import prepare_dataset
+    from ttt_pipeline.data.prepare import prepare_dataset
 
     return store.run("download", download_inputs(cfg),
                      lambda tmp: prepare_dataset(cfg.data, tmp, store.root / "raw"), _v("download"))
 
 
 def tokenise_inputs(cfg: PipelineConfig, data: StepOutput) -> dict:
-    from .tokenize import tokenizer_fingerprint
+    from ttt_pipeline.modeling.tokenize import tokenizer_fingerprint
 
     return {"data": data.digest, "tokenizer": tokenizer_fingerprint(cfg.model.name),
             "max_length": cfg.model.max_length}
 
 
 def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOutput:
-    from .data.prepare import load_prepared
-    from .tokenize import load_tokenizer, tokenize_dataset
+    from ttt_pipeline.data.prepare import load_prepared
+    from ttt_pipeline.modeling.tokenize import load_tokenizer, tokenize_dataset
 
     inputs = tokenise_inputs(cfg, data)
 
@@ -74,7 +74,7 @@ def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -
           if k not in DEVICE_ONLY and not (k == "augment" and v is None)}  # off: the keys of before it existed
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
-        from .data.sources import source_fingerprint
+        from ttt_pipeline.data.sources import source_fingerprint
 
         out["unlabeled"] = source_fingerprint(cfg.finetune.unlabeled_path, "finetune.unlabeled_path")
     return out
@@ -83,8 +83,8 @@ def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -
 def unlabeled_texts(cfg: PipelineConfig) -> list[str]:
     """finetune.unlabeled_path's non-blank texts: a local file (column data.text_column) or an MDSD folder
     (whose reader names the column `text`)."""
-    from .data.readers import read_local
-    from .errors import DataError
+    from ttt_pipeline.data.readers import read_local
+    from ttt_pipeline.errors import DataError
 
     path = Path(cfg.finetune.unlabeled_path).expanduser()
     frame = read_local(path, cfg.data.pt_columns, "finetune.unlabeled_path")
@@ -103,15 +103,15 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
     import torch
     from datasets import load_from_disk
 
-    from .model import build_classifier, save_model
-    from .oom import run_with_oom_fallback
-    from .train import finetune as train
+    from ttt_pipeline.modeling.model import build_classifier, save_model
+    from ttt_pipeline.modeling.oom import run_with_oom_fallback
+    from ttt_pipeline.modeling.train import finetune as train
 
     inputs = finetune_inputs(cfg, tokens, data)
     work = store.root / "finetune" / f"{StepStore.key('finetune', inputs, _v('finetune'))}.work"
 
     def build(tmp: Path) -> dict:
-        from .tokenize import lengths_dataset
+        from ttt_pipeline.modeling.tokenize import lengths_dataset
 
         label_names = json.loads((Path(data.path) / "labels.json").read_text())
         names = [label_names[str(i)] for i in range(len(label_names))]
@@ -128,7 +128,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
             unlabeled = lengths_dataset(tokenizer, extra_texts, cfg.model.max_length) if extra_texts else None
             train_ds = ds["train"]
             if cfg.finetune.augment is not None:  # robust training: seeded corrupted copies of training reviews
-                from .augment import augment_dataset
+                from ttt_pipeline.modeling.augment import augment_dataset
 
                 train_ds, aug = augment_dataset(ds["train"], ds["train"]["text"], tokenizer, cfg.model.max_length,
                                                 cfg.finetune.augment)
@@ -163,7 +163,7 @@ def corrupt_inputs(cfg: PipelineConfig, data: StepOutput) -> dict:
 def corrupt(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOutput:
     """The suite for this config: an index over (family, severity) sets, each generated once and cached on
     its own, so adding a family or a severity only generates the new sets."""
-    from .data.prepare import load_prepared
+    from ttt_pipeline.data.prepare import load_prepared
 
     inputs = corrupt_inputs(cfg, data)
 
@@ -191,7 +191,7 @@ def corrupt(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOutp
 
 
 def _write_set(tmp: Path, texts: list[str], family: str, severity: int, seed: int) -> dict:
-    from .corruption import corrupt_texts
+    from ttt_pipeline.corruption import corrupt_texts
 
     t0 = time.perf_counter()
     cs = corrupt_texts(texts, family, severity, seed)
@@ -225,8 +225,8 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
 
     Writes `results.json` (one row per set x method x mask seed) and `predictions.parquet` (every review's
     predicted class and class probabilities), so any comparison can be made paired, after the fact."""
-    from .data.prepare import load_prepared
-    from .model import load_model, pick_device
+    from ttt_pipeline.data.prepare import load_prepared
+    from ttt_pipeline.modeling.model import load_model, pick_device
 
     sets_meta = corrupt_out.meta["sets"]
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
@@ -234,7 +234,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     inputs = evaluate_inputs(cfg, data, model_out, corrupt_out, families)
 
     def build(tmp: Path) -> dict:
-        from .train import set_threads
+        from ttt_pipeline.modeling.train import set_threads
 
         set_threads()
         device = pick_device(cfg.finetune.device)
@@ -261,9 +261,9 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
     """Every job under every method and mask seed: accuracy rows (with bootstrap intervals) and predictions."""
     import numpy as np
 
-    from .defenses import registry
-    from .evaluate import predict_texts, score
-    from .stats import accuracy_interval
+    from ttt_pipeline.defenses import registry
+    from ttt_pipeline.evaluation.scoring import predict_texts, score
+    from ttt_pipeline.evaluation.stats import accuracy_interval
 
     n, ev = model.meta.num_labels, cfg.evaluation
     methods = [registry.parse(m) for m in cfg.ttt.methods]
@@ -301,7 +301,7 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
 
 def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
     """Each method's text repairs, built once for every set (a spelling dictionary takes seconds to load)."""
-    from .defenses import registry
+    from ttt_pipeline.defenses import registry
 
     built: dict = {}
     context: dict = {}
@@ -376,7 +376,7 @@ VERSIONS["attribute"] = "1"
 
 def attribute_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
                      eval_outs: list[StepOutput]) -> dict:
-    from .model import pick_device
+    from ttt_pipeline.modeling.model import pick_device
 
     return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest,
             "evaluate": sorted(o.digest for o in eval_outs), "max_length": cfg.model.max_length,
@@ -394,7 +394,7 @@ def model_checkpoints(model_out: StepOutput) -> list[Path]:
 
 def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
               eval_outs: list[StepOutput], store: StepStore, progress: Progress | None = None) -> StepOutput:
-    """TRAK attribution of the predictions corruption flipped and defenses fixed or broke (ttt_pipeline.attribution):
+    """TRAK attribution of the predictions corruption flipped and defenses fixed or broke (ttt_pipeline.evaluation.attribution):
     `attribution.json` (targets with their top-k supporting and opposing training reviews) and `scores.npy`
     (targets x attributed training reviews)."""
     inputs = attribute_inputs(cfg, data, model_out, corrupt_out, eval_outs)
@@ -403,10 +403,10 @@ def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corr
         import numpy as np
         import torch
 
-        from .attribution import explain
-        from .data.prepare import load_prepared
-        from .model import load_model, pick_device
-        from .train import set_threads
+        from ttt_pipeline.data.prepare import load_prepared
+        from ttt_pipeline.evaluation.attribution import explain
+        from ttt_pipeline.modeling.model import load_model, pick_device
+        from ttt_pipeline.modeling.train import set_threads
 
         t0 = time.perf_counter()
         c0 = time.process_time()  # CPU seconds: the cost on an idle machine, whatever else shares it

@@ -1,4 +1,4 @@
-"""The small-scale counterfactual machinery of bench/attribution.py (ttt_pipeline.attribution_check): the
+"""The small-scale counterfactual machinery of bench/attribution.py (ttt_pipeline.evaluation.attribution_check): the
 retraining algorithm is a deterministic function of its training subset, its tail is the model's, and the
 removal check and the LDS report what they say on the tiny model."""
 
@@ -11,15 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_pipeline.attribution_check import TailTrainer, lds, removal_check
 from ttt_pipeline.config import ModelConfig
+from ttt_pipeline.evaluation.attribution_check import TailTrainer, lds, removal_check
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo" / "reviews.jsonl"
 
 
 @pytest.fixture(scope="module")
 def trainer(tiny_bert_dir):
-    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.modeling.model import build_classifier
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]),
@@ -43,7 +43,7 @@ def test_retraining_is_a_function_of_the_subset(trainer):
 
 
 def test_full_model_carries_the_retrained_tail(trainer):
-    from ttt_pipeline.attribution import Encoded
+    from ttt_pipeline.evaluation.attribution import Encoded
 
     tail = trainer.train(np.arange(40), 0)
     model = trainer.full_model(tail)

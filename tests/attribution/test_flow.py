@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from tiny_config import tiny_config
+
 from ttt_pipeline.config import PipelineConfig
 
 pytestmark = pytest.mark.slow
@@ -15,8 +15,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_bert_dir):
-    from flows.pipeline import ttt_pipeline
     from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("attr-flow")
     cfg = PipelineConfig.model_validate(tiny_config(

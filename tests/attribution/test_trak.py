@@ -1,4 +1,4 @@
-"""TRAK attribution (ttt_pipeline.attribution) on a tiny random BERT: the cut-out tail reproduces the model,
+"""TRAK attribution (ttt_pipeline.evaluation.attribution) on a tiny random BERT: the cut-out tail reproduces the model,
 scores are deterministic for a seed, a planted copy of a target review ranks first for it, targets are drawn
 from stored predictions as documented, and the pipeline step caches its output."""
 
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_pipeline import attribution as A
 from ttt_pipeline.config import ModelConfig
+from ttt_pipeline.evaluation import attribution as A
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "demo" / "reviews.jsonl"
@@ -27,7 +27,7 @@ def reviews() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_bert_dir):
-    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.modeling.model import build_classifier
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]), LABELS)
@@ -115,7 +115,7 @@ def test_a_planted_duplicate_ranks_first(tiny, reviews, params, seed):
 
 def test_an_ensemble_averages_its_checkpoints(tiny, reviews, tiny_bert_dir):
     """Two checkpoints (one loaded lazily) give scores that differ from either alone: TRAK averages them."""
-    from ttt_pipeline.model import build_classifier
+    from ttt_pipeline.modeling.model import build_classifier
 
     torch.manual_seed(1)
     other, _ = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]), LABELS)
@@ -197,7 +197,7 @@ def test_explain_lists_supporting_and_opposing_reviews(tiny, reviews):
 
 def test_explain_picks_the_example_or_says_which_exist():
     from ttt_pipeline.errors import PipelineError
-    from ttt_pipeline.explain import pick
+    from ttt_pipeline.io.explain import pick
 
     result = {"targets": [{"set": "clean", "index": 5}, {"set": "keyboard-3", "index": 5},
                           {"set": "keyboard-3", "index": 2}]}
@@ -228,6 +228,7 @@ def upstream(tmp_path_factory, tiny_bert_dir):
     output holding chosen predictions: the tiny random model predicts one class for every review, so it would
     flip nothing."""
     from tiny_config import tiny_config
+
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig
     from ttt_pipeline.storage import StepStore
@@ -315,10 +316,10 @@ def test_attribute_stage_is_logged_and_explained(upstream, monkeypatch, capsys):
     import prefect.artifacts
     from mlflow.tracking import MlflowClient
 
+    from cli.main import main
     from tasks.stages import log_stage_task
     from ttt_pipeline import steps
-    from ttt_pipeline.cli import main
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io.tracking import Tracker
 
     cfg, store, data, model, corrupted, evaluation = upstream
     out = steps.attribute(cfg, data, model, corrupted, [evaluation], store)

@@ -16,7 +16,7 @@ DIFF = {"delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significan
 
 
 def check_difference(d: dict, mask_seeds=None, has_mask_seeds: bool = True) -> None:
-    """One paired-difference object of the JSON contract (ttt_pipeline.stats.paired_difference's fields)."""
+    """One paired-difference object of the JSON contract (ttt_pipeline.evaluation.stats.paired_difference's fields)."""
     assert DIFF <= set(d), d
     assert ("mask_seeds" in d) == has_mask_seeds, d
     if has_mask_seeds:
@@ -87,7 +87,7 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
         assert r["ttt_gain"]["delta"] == pytest.approx(r["acc_ttt"] - r["acc_corrupted"])
         assert r["ttt_clean_change"]["delta"] == pytest.approx(r["acc_clean_ttt"] - r["acc_clean"])
     # the table prints the gain in points with its interval and verdict
-    from ttt_pipeline.stats import format_difference
+    from ttt_pipeline.evaluation.stats import format_difference
 
     assert format_difference(g) in proc.stdout
     alt = out["ours"]["ttt_alternatives"]["lr=1e-5,params=layernorm"]  # same trained model, other TTT settings

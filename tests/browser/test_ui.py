@@ -191,7 +191,7 @@ def stack(tmp_path_factory, tiny_bert_dir):
                           tracking={"tracking_uri": f"sqlite:///{db}", "run_name": "ui-run"},
                           registry={"model_name": MODEL_NAME})
         (tmp / "tiny.yaml").write_text(yaml.safe_dump(cfg))
-        proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(tmp / "tiny.yaml"),
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "--config", str(tmp / "tiny.yaml"),
                                "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -230,7 +230,7 @@ def test_mlflow_run_page_shows_the_run_and_its_metrics(stack, browse):
 
 
 def test_mlflow_artifacts_show_the_plots(stack, browse):
-    from ttt_pipeline.plots import EVALUATION_PLOTS, FINETUNE_PLOTS
+    from ttt_pipeline.io.plots import EVALUATION_PLOTS, FINETUNE_PLOTS
 
     names = FINETUNE_PLOTS + EVALUATION_PLOTS
     # the plots/ folder selected: the tree is expanded and lists every PNG
@@ -319,7 +319,7 @@ def test_prefect_markdown_summary_artifact(stack, browse):
     assert f"{stack['summary']['acc_clean']:.3f}" in dom
     assert stack["summary"]["mlflow_run_id"] in dom  # the link to the MLflow run
     # the TTT gain with its interval and verdict, the numbers the run printed and logged
-    from ttt_pipeline.report import difference_line
+    from ttt_pipeline.io.report import difference_line
 
     points, interval, p_value, verdict = difference_line(stack["summary"]["ttt_gain"])
     assert "masked TTT - none, corrupted" in dom
@@ -339,7 +339,7 @@ def test_prefect_evaluation_grid_table_artifact(stack, browse):
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from ttt_pipeline.robustness import compare_methods
+    from ttt_pipeline.evaluation.robustness import compare_methods
 
     client = MlflowClient(f"sqlite:///{stack['tmp'] / 'mlflow.db'}")
     s = stack["summary"]

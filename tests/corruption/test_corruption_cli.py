@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.corruption import FAMILIES, corrupt_texts
-from ttt_pipeline.corruption import cli
+from ttt_pipeline.corruption import FAMILIES, cli, corrupt_texts
 from ttt_pipeline.corruption.samples import synthetic_reviews
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.corruption import (FAMILIES, SEVERITY_RATES, CorruptedSet, Family, corrupt_texts,
-                                     get_family, list_families, tutorial_corrupt)
+from ttt_pipeline.corruption import (
+    FAMILIES,
+    SEVERITY_RATES,
+    CorruptedSet,
+    Family,
+    corrupt_texts,
+    get_family,
+    list_families,
+    tutorial_corrupt,
+)
 from ttt_pipeline.corruption.characters import KEYBOARD_NEIGHBOURS
 from ttt_pipeline.corruption.samples import synthetic_reviews
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained
+from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained
 
 RECIPE_TEXTS = ["the battery died after two days and support never answered my emails",
                 "great little speaker , loud and clear",

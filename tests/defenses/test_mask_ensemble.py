@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ttt_pipeline.defenses.base import RowHashMasker, TTTSettings
 from ttt_pipeline.defenses.mask_ensemble import MaskEnsemble, default_copies
-from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
-from ttt_pipeline.ttt import MaskedTTT, RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
 
 TEXTS = ["the battery died after two days and support never answered my emails",
          "great little speaker , loud and clear",

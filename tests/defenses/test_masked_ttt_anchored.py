@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_checks import plain_logits, snapshot, unchanged
+
 from ttt_pipeline.defenses import registry
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.masked_ttt_anchored import AnchoredTTT, kl_divergence
-from ttt_pipeline.model import special_token_ids
-from ttt_pipeline.ttt import MaskedTTT, TTTSettings
+from ttt_pipeline.modeling.model import special_token_ids
 
 # on the tiny random BERT, these settings lower the held-out MLM loss of three reviews and raise the fourth's
 SETTINGS = dict(mask_prob=0.5, lr=1e-3, seed=0)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_checks import snapshot, unchanged
+
 from ttt_pipeline.defenses import registry
+from ttt_pipeline.defenses.base import TTTSettings
 from ttt_pipeline.defenses.masked_ttt_lower_norm import LR_SCALE
-from ttt_pipeline.ttt import TTTSettings
-from ttt_pipeline.ttt_params import lower_norm_parameters, select_parameters
+from ttt_pipeline.defenses.params import lower_norm_parameters, select_parameters
 
 
 def names_of(model, params) -> set[str]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_checks import snapshot, unchanged
+
 from ttt_pipeline.defenses import registry
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.masked_ttt_sgd import LR_SCALE, MOMENTUM, STEPS, MomentumSGDTTT, rms_update
-from ttt_pipeline.model import special_token_ids
-from ttt_pipeline.ttt import MaskedTTT, TTTSettings
+from ttt_pipeline.modeling.model import special_token_ids
 
 
 def test_registered_as_a_masked_engine():

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-
 from engine_checks import plain_logits, snapshot, unchanged
+
 from ttt_pipeline.defenses import registry
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.params import layernorm_parameters
+from ttt_pipeline.defenses.tent import TentEngine
 from ttt_pipeline.defenses.tent_filtered import MARGIN, RESET_FRACTION, FilteredTent, entropy
-from ttt_pipeline.tent import TentEngine
-from ttt_pipeline.ttt import TTTSettings
-from ttt_pipeline.ttt_params import layernorm_parameters
 
 SETTINGS = TTTSettings(tent_lr=1e-2)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ttt_pipeline import robustness
-from ttt_pipeline.stats import recovered_fraction_interval
+from ttt_pipeline.evaluation import robustness
+from ttt_pipeline.evaluation.stats import recovered_fraction_interval
 
 N = 200
 

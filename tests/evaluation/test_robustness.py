@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ttt_pipeline import robustness
+from ttt_pipeline.evaluation import robustness
 
 N = 200
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ttt_pipeline.stats import (accuracy_interval, format_difference, macro_f1, mcnemar_exact, paired_difference)
+from ttt_pipeline.evaluation.stats import (
+    accuracy_interval,
+    format_difference,
+    macro_f1,
+    mcnemar_exact,
+    paired_difference,
+)
 
 
 def _paired(rng, n: int, p_a: float, delta: float, discordance: float = 0.2):

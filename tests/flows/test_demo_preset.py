@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ttt_pipeline.config import load_config
-from ttt_pipeline.stats import format_difference
+from ttt_pipeline.evaluation.stats import format_difference
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def demo(tmp_path_factory):
            "TTT_PROGRESS": "lines",  # what a log or CI sees; a terminal gets tqdm bars instead
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
     env.pop("PREFECT_API_URL", None)
-    args = [sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", "demo", "--json",
+    args = [sys.executable, "-m", "cli.main", "run", "--config", "demo", "--json",
             "--set", f"store={tmp / 'store'}", "--set", f"tracking.tracking_uri=sqlite:///{tmp}/mlflow.db",
             "--set", f"tracking.artifact_root={tmp / 'mlruns'}"]
     t0 = time.perf_counter()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tiny_config import tiny_config
-from ttt_pipeline.report import difference_line
-from ttt_pipeline.stats import format_difference
+
 from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.evaluation.stats import format_difference
+from ttt_pipeline.io.report import difference_line
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_bert_dir):
-    from flows.pipeline import ttt_pipeline
     from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("e2e")
     cfg = PipelineConfig.model_validate(_config(tmp, tiny_bert_dir))
@@ -106,7 +107,7 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     cfg_file = tmp_path / "tiny.yaml"
     cfg_file.write_text(yaml.safe_dump(_config(tmp, tiny_bert_dir)))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
-    proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(cfg_file),
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "--config", str(cfg_file),
                            "--set", "finetune.epochs=2", "--json"], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -133,8 +134,8 @@ def test_statistics_recomputed_from_stored_predictions(runs):
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from ttt_pipeline import robustness
-    from ttt_pipeline.runs import format_report, run_summary
+    from ttt_pipeline.evaluation import robustness
+    from ttt_pipeline.io.runs import format_report, run_summary
 
     tmp, cfg, first, _, grid = runs
     client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")

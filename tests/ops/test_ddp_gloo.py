@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _ops_config import tiny_config
+
 from ttt_pipeline.config import PipelineConfig
 
 pytestmark = pytest.mark.slow
 
 
 def test_sharded_batches_split_every_epoch_evenly():
-    from ttt_pipeline.distributed import ShardedBatches
-    from ttt_pipeline.train import WeightedLengthGroupedBatches
+    from tasks.distributed import ShardedBatches
+    from ttt_pipeline.modeling.train import WeightedLengthGroupedBatches
 
     inner = WeightedLengthGroupedBatches(None, list(range(5, 75)), 8, seed=3)  # 70 rows -> 9 batches
     shards = [ShardedBatches(inner, r, 2) for r in range(2)]
@@ -32,8 +32,8 @@ def test_sharded_batches_split_every_epoch_evenly():
 
 
 def test_two_gloo_ranks_train_identical_weights(tmp_path, tiny_bert_dir):
+    from tasks.distributed import launch_finetune
     from ttt_pipeline import steps
-    from ttt_pipeline.distributed import launch_finetune
     from ttt_pipeline.storage import StepStore
 
     raw = tiny_config(tmp_path, tiny_bert_dir)

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from netutil import free_port, listening
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _ops_config import tiny_config
-
 from netutil import free_port, listening
 
 REPO = Path(__file__).resolve().parents[2]

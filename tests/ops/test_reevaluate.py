@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _ops_config import tiny_config
+
 from ttt_pipeline.config import PipelineConfig
 
 pytestmark = pytest.mark.slow
@@ -18,8 +18,8 @@ def setup(tmp_path_factory, tiny_bert_dir):
     """A registered tiny classifier (untrained head: scoring is what is tested) at alias `champion`."""
     from mlflow.tracking import MlflowClient
 
-    from ttt_pipeline.model import build_classifier, save_model
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io.tracking import Tracker
+    from ttt_pipeline.modeling.model import build_classifier, save_model
 
     tmp = tmp_path_factory.mktemp("nightly")
     cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir))
@@ -32,7 +32,7 @@ def setup(tmp_path_factory, tiny_bert_dir):
     tracker.end(run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)
     client.create_registered_model(NAME)
-    source = f"{client.get_run(run_id).info.artifact_uri}/model"  # as ttt_pipeline.registry registers it
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"  # as ttt_pipeline.io.registry registers it
     mv = client.create_model_version(NAME, source, run_id=run_id)
     client.set_registered_model_alias(NAME, "champion", mv.version)
     return tmp, cfg, client, mv
@@ -102,7 +102,7 @@ def _nights_config(cfg, seed: int):
 def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(setup, harness, tmp_path):
     import pandas as pd
 
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io.tracking import Tracker
 
     tmp, cfg, client, mv = setup
     state, _ = _run(_nights_config(cfg, 0), threshold=0.02, reference_seed=7, night="2029-06-01")

@@ -10,7 +10,7 @@ import fsspec
 import pytest
 
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.remote_store import SyncedStepStore, is_url, localise, open_store, peek
+from ttt_pipeline.io.remote_store import SyncedStepStore, is_url, localise, open_store, peek
 from ttt_pipeline.storage import StepStore
 
 

@@ -25,7 +25,7 @@ if _out:
         mods = set(sys.modules)
         with open(_out, "w") as f:
             json.dump({"prefect": any(m == "prefect" or m.startswith("prefect.") for m in mods),
-                       "flow": "flows.pipeline" in mods, "torch_trained": "ttt_pipeline.train" in mods}, f)
+                       "flow": "flows.pipeline" in mods, "torch_trained": "ttt_pipeline.modeling.train" in mods}, f)
     atexit.register(_dump)
 """
 
@@ -72,7 +72,7 @@ def write_config(tmp: Path, cfg: dict) -> Path:
 
 
 def cli_args(config: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "ttt_pipeline.cli", "run", "--config", str(config), *extra]
+    return [sys.executable, "-m", "cli.main", "run", "--config", str(config), *extra]
 
 
 def run_cli(tmp: Path, cfg: dict, *extra: str, timeout: float = 600, debug: str = "") -> CliRun:

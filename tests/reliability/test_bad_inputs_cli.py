@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from reliability_helpers import CliRun, assert_plain_error, run_cli, tiny_config
 
 GOOD = [{"text": f"review number {i}, which is {'great' if c == 5 else 'awful'} overall", "rating": c}
@@ -83,7 +82,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def mlflow_db(tmp_path_factory) -> str:
     """One sqlite store, created once: every case then skips the schema migration (seconds per run)."""
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
     Tracker(uri, "reliability").check()
@@ -157,7 +156,7 @@ def test_unreachable_tracking_server_fails_fast_and_names_the_uri(tmp_path, tiny
 
 def test_a_bug_is_two_plain_lines_with_exit_1_and_debug_shows_it(monkeypatch, capsys):
     """Not a user error: the same two-line shape (exit 1, 'looks like a bug'); --debug re-raises."""
-    from ttt_pipeline import cli
+    from cli import main as cli
 
     def broken(args):
         raise KeyError("internal state")

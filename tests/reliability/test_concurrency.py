@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from reliability_helpers import REPO, cli_args, cli_env, tiny_config, write_config
 
 from ttt_pipeline.storage import MANIFEST, StepStore
-
-from reliability_helpers import REPO, cli_args, cli_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
 HEADLINE = ("acc_clean", "acc_corrupted", "acc_ttt", "acc_clean_ttt", "macro_f1_clean")
@@ -25,7 +24,7 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
     procs = [subprocess.Popen(cli_args(config, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env, cwd=REPO) for _ in range(2)]
     results = [p.communicate(timeout=900) for p in procs]
-    for p, (out, err) in zip(procs, results):
+    for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-3000:]
         assert "Traceback" not in err
     # the input check of exactly one run built the download step (the other waited on its lock), and says so
@@ -48,7 +47,7 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
         assert not leftovers, (step, leftovers)
 
 
-START = ("from ttt_pipeline.cli import start_prefect_server; start_prefect_server()\n"
+START = ("from cli.main import start_prefect_server; start_prefect_server()\n"
          "from prefect.server.api.server import SubprocessASGIServer; print(SubprocessASGIServer().port)")
 
 

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from reliability_helpers import REPO, cli_args, cli_env, run_cli, tiny_config, write_config
 from safetensors.torch import load_file
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.evaluate import headline
+from ttt_pipeline.evaluation.scoring import headline
 from ttt_pipeline.storage import MANIFEST, StepStore, file_digest
-
-from reliability_helpers import REPO, cli_args, cli_env, run_cli, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
 # Long enough epochs (a few seconds each) that the kill lands between epoch 1 and the end of training.

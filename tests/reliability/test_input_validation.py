@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttt_pipeline import stage_logging
 from ttt_pipeline.config import DataConfig, PipelineConfig, load_config
 from ttt_pipeline.data.prepare import load_prepared, prepare_dataset
 from ttt_pipeline.data.readers import read_local
 from ttt_pipeline.data.sources import fetch_gdown, load_source
 from ttt_pipeline.errors import ConfigError, DataError, DownloadError
+from ttt_pipeline.io import stage_logging
 from ttt_pipeline.storage import StepOutput, file_digest
 
 COLS = ["text", "label", "input_ids"]
@@ -63,7 +63,7 @@ def test_dropped_rows_are_counted_warned_and_logged_as_metrics(tmp_path, caplog)
 
 
 def test_enormous_review_is_cut_counted_and_tokenises_fast(tmp_path, tiny_bert_dir):
-    from ttt_pipeline.tokenize import load_tokenizer, tokenize_dataset
+    from ttt_pipeline.modeling.tokenize import load_tokenizer, tokenize_dataset
 
     huge = ("This speaker is loud and the battery lasts. " * 120000)[: 5 * 1024 * 1024]  # 5 MB, one review
     assert len(huge) == 5 * 1024 * 1024
@@ -161,7 +161,7 @@ def test_download_is_verified_by_size_and_digest(drive, tmp_path):
 
 
 def test_config_paths_are_resolved_to_absolute(tmp_path, monkeypatch):
-    from ttt_pipeline.cli import _absolute
+    from cli.main import _absolute
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["data.path=rel/r.jsonl", "data.test_path=../t.csv", "data.shift={b: x/y.jsonl}",

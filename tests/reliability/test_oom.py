@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from reliability_helpers import tiny_config
 
-from ttt_pipeline import oom, steps
+from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.oom import run_with_oom_fallback
+from ttt_pipeline.modeling import oom
+from ttt_pipeline.modeling.oom import run_with_oom_fallback
+from ttt_pipeline.modeling.train import TrainResult
 from ttt_pipeline.storage import StepStore
-from ttt_pipeline.train import TrainResult
-
-from reliability_helpers import tiny_config
 
 
 def _cuda_oom() -> torch.cuda.OutOfMemoryError:
@@ -41,7 +41,7 @@ def test_oom_halves_the_batch_once_warns_and_records(fake_cuda, caplog):
             raise _cuda_oom()
         return "trained"
 
-    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.oom"):
+    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.modeling.oom"):
         result, meta = run_with_oom_fallback(train, 32)
     assert result == "trained" and sizes == [32, 16]
     assert meta == {"oom_halved_batch_size": 16, "oom_original_batch_size": 32}
@@ -83,7 +83,7 @@ def test_other_errors_are_never_retried(error):
 
 def test_finetune_step_falls_back_and_records_it(tmp_path, tiny_bert_dir, monkeypatch):
     """The hook in steps.finetune: an OOM at batch 16 retrains at 8, from a fresh model and its own checkpoints."""
-    import ttt_pipeline.train as train_mod
+    import ttt_pipeline.modeling.train as train_mod
 
     cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, data={"max_train_samples": 30}))
     store = StepStore(cfg.store)

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from ttt_pipeline.config import PipelineConfig, load_config
-from ttt_pipeline.tracking import Tracker, redact
+from ttt_pipeline.io.tracking import Tracker, redact
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ["ttt_pipeline", "flows", "tasks"]
+PACKAGES = ["ttt_pipeline", "flows", "tasks", "cli"]
 SKIP_DIRS = {".venv", ".git", ".cache", ".hypothesis", ".pytest_cache", "mlruns", "__pycache__", "node_modules",
-             "test-output", ".artifacts", ".prefect", ".run", ".whl", "build", "dist"}
+             "test-output", ".artifacts", ".prefect", ".run", ".whl", "build", "dist", ".ruff_cache",
+             ".import_linter_cache"}
 
 
 def _sources() -> list[Path]:
@@ -49,7 +50,7 @@ def test_every_from_pretrained_passes_the_config_flag_or_false():
 
 def test_trust_remote_code_is_off_by_default_and_flows_from_config():
     assert PipelineConfig().model.trust_remote_code is False
-    src = (REPO / "ttt_pipeline" / "model.py").read_text()
+    src = (REPO / "ttt_pipeline" / "modeling" / "model.py").read_text()
     assert "load_pretrained(model_cfg.name, model_cfg.trust_remote_code)" in src
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from ttt_pipeline import tracking
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.tracking import Tracker, retry
+from ttt_pipeline.io import tracking
+from ttt_pipeline.io.tracking import Tracker, retry
 
 
 class FlakyClient:
@@ -45,7 +45,7 @@ def tracker(monkeypatch):
 
 def test_transient_failure_is_retried_with_backoff_and_nothing_is_lost(tracker, caplog):
     tracker.client = FlakyClient(failures=2)
-    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.io.tracking"):
         tracker.metrics("run", {"acc_clean": 0.75, "acc_ttt": 0.8, "n": 3})
     assert tracker.sleeps == [0.5, 1.0]  # exponential backoff
     assert sorted(m.key for m in tracker.client.metrics) == ["acc_clean", "acc_ttt", "n"]
@@ -82,7 +82,7 @@ def test_large_batches_are_chunked_and_all_arrive(tracker):
 
 def test_nan_metrics_are_not_dropped_silently(tracker, caplog):
     tracker.client = FlakyClient(failures=0)
-    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ttt_pipeline.io.tracking"):
         tracker.metrics("run", {"ok": 1.0, "bad": float("nan"), "text": "x", "absent": None})
     assert [m.key for m in tracker.client.metrics] == ["ok"]
     warned = [r.getMessage() for r in caplog.records if "not logged" in r.getMessage()]

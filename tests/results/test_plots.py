@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from ttt_pipeline import plots
+from ttt_pipeline.io import plots
 
 LABELS = ["neg", "neu", "pos"]
 
@@ -178,8 +178,8 @@ def test_empty_inputs_still_draw(tmp_path):
 
 
 def test_stage_logging_puts_plots_on_stage_and_parent_runs(tmp_path, rows):
-    from ttt_pipeline import stage_logging
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io import stage_logging
+    from ttt_pipeline.io.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "plots", str(tmp_path / "mlruns"))
     parent = tracker.start("pipeline")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ttt_pipeline import registry
-from ttt_pipeline.tracking import Tracker
-
+from ttt_pipeline.io import registry
+from ttt_pipeline.io.tracking import Tracker
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +172,7 @@ def test_flow_registers_both_runs_and_the_better_is_champion(two_runs):
 
 @pytest.mark.slow
 def test_flow_logs_plots_on_stage_and_parent_runs(two_runs):
-    from ttt_pipeline import plots
+    from ttt_pipeline.io import plots
 
     client = MlflowClient(two_runs["uri"])
     parent = client.get_run(two_runs["b"]["mlflow_run_id"])

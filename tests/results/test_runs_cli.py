@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.cli import main
+from cli.main import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def fake_runs(tmp_path_factory):
     """Two pipeline runs logged by hand (no training): fast checks of the formatting and the errors."""
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io.tracking import Tracker
 
     tmp_path = tmp_path_factory.mktemp("cli")
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "cli", str(tmp_path / "mlruns"))
@@ -98,7 +98,7 @@ def test_unreachable_server_fails_fast(capsys):
 
 
 def test_default_tracking_uri_is_the_demo_presets(monkeypatch):
-    from ttt_pipeline import runs
+    from ttt_pipeline.io import runs
 
     monkeypatch.delenv("TTT_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -110,7 +110,7 @@ def test_default_tracking_uri_is_the_demo_presets(monkeypatch):
 
 
 def test_commands_are_listed_in_help():
-    proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli", "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120)
     assert proc.returncode == 0 and "report" in proc.stdout and "compare" in proc.stdout
 

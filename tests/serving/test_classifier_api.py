@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from serving_helpers import LABELS, TEXTS, same_predictions
-from ttt_pipeline.classifier import inference_config, load_classifier, softmax
+
+from ttt_pipeline.classifier import inference_config, softmax
 from ttt_pipeline.config import TTTConfig
 from ttt_pipeline.errors import ConfigError, PipelineError
+from ttt_pipeline.io.mlflow_model import load_classifier
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_import_stays_light():
 
 
 def test_predict_is_the_evaluate_code_path(clf, tiny_model_dir):
-    from ttt_pipeline.evaluate import predict_texts
+    from ttt_pipeline.evaluation.scoring import predict_texts
 
     assert clf.label_names == LABELS and clf.method == "none"
     for method, settings in (("none", TTTConfig()), ("masked_ttt", TTTConfig(steps=2, lr=1e-3, batch_size=2))):
@@ -94,7 +95,7 @@ def test_concurrent_ttt_calls_match_sequential_ones(clf):
 @pytest.fixture(scope="module")
 def mlflow_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     from ttt_pipeline.defenses.vocabulary import training_vocabulary
-    from ttt_pipeline.mlflow_model import save_classifier_model
+    from ttt_pipeline.io.mlflow_model import save_classifier_model
 
     config = inference_config(TTTConfig(steps=2, lr=1e-2, batch_size=2), "masked_ttt")
     return save_classifier_model(tiny_model_dir, tmp_path_factory.mktemp("mlflow-model") / "model", config,
@@ -106,7 +107,7 @@ def test_mlflow_model_is_our_loader_and_data_only(mlflow_model_dir):
 
     spec = yaml.safe_load((mlflow_model_dir / "MLmodel").read_text())
     pyfunc = spec["flavors"]["python_function"]
-    assert pyfunc["loader_module"] == "ttt_pipeline.mlflow_model" and not pyfunc.get("code")
+    assert pyfunc["loader_module"] == "ttt_pipeline.io.mlflow_model" and not pyfunc.get("code")
     assert pyfunc["config"]["method"] == "masked_ttt" and pyfunc["config"]["steps"] == 2
     assert spec["metadata"]["label_names"] == LABELS
     params = {p["name"]: p for p in json.loads(spec["signature"]["params"])}
@@ -180,9 +181,9 @@ def test_vocabulary_file_round_trip(tmp_path):
 
 @pytest.fixture(scope="module")
 def registered(tiny_model_dir, tmp_path_factory):
-    from ttt_pipeline import registry
-    from ttt_pipeline.mlflow_model import log_classifier_model
-    from ttt_pipeline.tracking import Tracker
+    from ttt_pipeline.io import registry
+    from ttt_pipeline.io.mlflow_model import log_classifier_model
+    from ttt_pipeline.io.tracking import Tracker
 
     tmp = tmp_path_factory.mktemp("logged")
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "serving", str(tmp / "mlruns"))

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from serving_helpers import LABELS, TEXTS, same_predictions
-from ttt_pipeline.cli import main
+
+from cli.main import main
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir):
-    from ttt_pipeline.classifier import load_classifier
+    from ttt_pipeline.io.mlflow_model import load_classifier
 
     return load_classifier(tiny_model_dir, device="cpu")
 

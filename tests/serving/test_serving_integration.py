@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from netutil import free_port, listening
 from serving_helpers import same_predictions
 from tiny_config import tiny_config

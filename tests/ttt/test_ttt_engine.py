@@ -9,11 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from ttt_pipeline.config import TTTConfig
-from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
-from ttt_pipeline.tent import TentEngine
-from ttt_pipeline.ttt import (CollapseGuard, MaskedTTT, RowHashMasker, TTTSettings, build_engine,
-                              select_parameters, settings_from_config)
-from ttt_pipeline.ttt_params import encoder_layers, make_optimizer, reset_optimizer_state
+from ttt_pipeline.defenses.base import (
+    CollapseGuard,
+    RowHashMasker,
+    TTTSettings,
+    settings_from_config,
+)
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+from ttt_pipeline.defenses.params import encoder_layers, make_optimizer, reset_optimizer_state, select_parameters
+from ttt_pipeline.defenses.registry import build_engine
+from ttt_pipeline.defenses.tent import TentEngine
+from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
 
 TEXTS = ["the battery died after two days and support never answered my emails",
          "great little speaker , loud and clear",
@@ -438,7 +444,7 @@ def test_precision_is_validated():
 def test_predict_hands_the_source_weights_back_after_an_online_set(env):
     """`evaluate.predict` closes its engine: an online engine's adapted weights never leak into the next set
     or into plain scoring (the bench and the evaluate step rely on it)."""
-    from ttt_pipeline.evaluate import predict
+    from ttt_pipeline.evaluation.scoring import predict
 
     model, tok = env
     before = weights(model)

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttt_pipeline.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
-from ttt_pipeline.ttt import MaskedTTT, RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.base import RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
 
 SHIM = Path(__file__).resolve().parents[2] / "bench" / "_torch_ttt_shim.py"
 TEXTS = ["the battery died after two days and support never answered my emails",

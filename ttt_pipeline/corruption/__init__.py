@@ -20,8 +20,8 @@ Why it looks the way it does:
   changed.  ``tutorial_corrupt`` exposes the probabilities.
 """
 
-from .corrupt import CorruptedSet, corrupt_texts, tutorial_corrupt
-from .registry import FAMILIES, SEVERITY_RATES, Family, get_family, list_families
+from ttt_pipeline.corruption.corrupt import CorruptedSet, corrupt_texts, tutorial_corrupt
+from ttt_pipeline.corruption.registry import FAMILIES, SEVERITY_RATES, Family, get_family, list_families
 
 __all__ = [
     "FAMILIES",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 import string
 
-from .graphemes import units
-from .rng import edit_count, pick, pick_spaced
+from ttt_pipeline.corruption.graphemes import units
+from ttt_pipeline.corruption.rng import edit_count, pick, pick_spaced
 
 __all__ = ["char_swap", "char_drop", "char_repeat", "char_insert", "keyboard", "ocr", "case_noise",
            "KEYBOARD_NEIGHBOURS", "OCR_SINGLE", "OCR_PAIRS"]

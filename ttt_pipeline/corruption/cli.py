@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .corrupt import corrupt_texts
-from .registry import FAMILIES, SEVERITY_RATES, get_family
+from ttt_pipeline.corruption.corrupt import corrupt_texts
+from ttt_pipeline.corruption.registry import FAMILIES, SEVERITY_RATES, get_family
 
 __all__ = ["add_arguments", "run", "main", "read_texts", "write_texts"]
 

@@ -8,9 +8,9 @@ import operator
 from dataclasses import dataclass
 from typing import Sequence
 
-from .registry import SEVERITY_RATES, get_family
-from .rng import text_rng
-from .tutorial import apply_tutorial, stream_key
+from ttt_pipeline.corruption.registry import SEVERITY_RATES, get_family
+from ttt_pipeline.corruption.rng import text_rng
+from ttt_pipeline.corruption.tutorial import apply_tutorial, stream_key
 
 __all__ = ["CorruptedSet", "corrupt_texts", "tutorial_corrupt", "TUTORIAL_CORRUPT_SEVERITY"]
 

@@ -13,8 +13,8 @@ import random
 import string
 import unicodedata
 
-from .graphemes import units
-from .rng import edit_count, pick
+from ttt_pipeline.corruption.graphemes import units
+from ttt_pipeline.corruption.rng import edit_count, pick
 
 __all__ = ["punctuation_noise", "INSERTED_MARKS"]
 

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 
-from . import characters, punctuation, tutorial, words
+from ttt_pipeline.corruption import characters, punctuation, tutorial, words
 
 __all__ = ["Family", "FAMILIES", "SEVERITY_RATES", "list_families", "get_family"]
 

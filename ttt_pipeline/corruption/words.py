@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 import re
 
-from .graphemes import units
-from .rng import edit_count, pick, pick_spaced
+from ttt_pipeline.corruption.graphemes import units
+from ttt_pipeline.corruption.rng import edit_count, pick, pick_spaced
 
 __all__ = ["word_delete", "word_shuffle", "word_repeat", "word_swap"]
 

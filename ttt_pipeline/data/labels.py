@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from ..errors import DataError
+from ttt_pipeline.errors import DataError
 
 
 def safe_str(value: Any) -> str:

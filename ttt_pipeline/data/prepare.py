@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import DataError
-from . import labels as L
-from .sources import load_source
-from .splits import stratified_cap, stratified_split
+from ttt_pipeline.data import labels as L
+from ttt_pipeline.data.sources import load_source
+from ttt_pipeline.data.splits import stratified_cap, stratified_split
+from ttt_pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
 

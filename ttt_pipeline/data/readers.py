@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import DataError
+from ttt_pipeline.errors import DataError
 
 SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
 
@@ -214,7 +214,7 @@ def read_mdsd_folder(folder: Path, field: str = "data.path") -> pd.DataFrame:
         except ET.ParseError as exc:
             raise DataError(f"{f}: not well-formed XML ({exc})", "check the file is a complete .review file") from None
         for r in root.iter("review"):
-            def field(name: str) -> str:
+            def field(name: str, r=r) -> str:
                 el = r.find(name)
                 return html.unescape((el.text or "").strip()) if el is not None else ""
 

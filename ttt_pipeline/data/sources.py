@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import DataError, DownloadError
-from ..storage import file_digest, stable_hash, tree_digest
-from .readers import read_local
+from ttt_pipeline.data.readers import read_local
+from ttt_pipeline.errors import DataError, DownloadError
+from ttt_pipeline.storage import file_digest, stable_hash, tree_digest
 
 GDRIVE_URL = "https://drive.google.com/uc?id={id}"
 OFFLINE_HINT = "offline, use a local file or folder instead (e.g. --set data.path=data/demo/reviews.jsonl)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DataError
+from ttt_pipeline.errors import DataError
 
 
 def _by_class(labels: list[int]) -> dict[int, np.ndarray]:

@@ -22,8 +22,8 @@ from contextlib import nullcontext
 
 import torch
 
-from ..model import autocast_dtype
-from ..ttt import MaskFn, RowHashMasker, TTTSettings, trim_padding
+from ttt_pipeline.defenses.base import MaskFn, RowHashMasker, TTTSettings, trim_padding
+from ttt_pipeline.modeling.model import autocast_dtype
 
 __all__ = ["MaskEnsemble", "default_copies"]
 
@@ -79,3 +79,10 @@ class MaskEnsemble:
 
     def close(self) -> None:
         """Nothing to give back: the model was never changed."""
+
+
+def build(model, tokenizer, settings: TTTSettings) -> MaskEnsemble:
+    """The registry's constructor: as many masked copies as masked TTT would draw masks (`default_copies`)."""
+    from ttt_pipeline.modeling.model import special_token_ids
+
+    return MaskEnsemble(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)

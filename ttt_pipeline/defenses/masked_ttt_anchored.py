@@ -30,7 +30,8 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from ..ttt import MaskedTTT, TTTSettings
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 
 
 def recipe(settings: TTTSettings) -> TTTSettings:
@@ -94,6 +95,6 @@ class AnchoredTTT(MaskedTTT):
 
 
 def build(model, tokenizer, settings: TTTSettings) -> AnchoredTTT:
-    from ..model import special_token_ids
+    from ttt_pipeline.modeling.model import special_token_ids
 
     return AnchoredTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)

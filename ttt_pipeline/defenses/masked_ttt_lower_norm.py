@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ttt import MaskedTTT, TTTSettings
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 
 LR_SCALE = 10.0
 
@@ -26,6 +27,6 @@ def recipe(settings: TTTSettings) -> TTTSettings:
 
 
 def build(model, tokenizer, settings: TTTSettings) -> MaskedTTT:
-    from ..model import special_token_ids
+    from ttt_pipeline.modeling.model import special_token_ids
 
     return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), recipe(settings))

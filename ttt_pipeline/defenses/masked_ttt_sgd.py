@@ -20,8 +20,9 @@ from dataclasses import replace
 
 import torch
 
-from ..ttt import MaskedTTT, TTTSettings
-from ..ttt_params import make_optimizer
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+from ttt_pipeline.defenses.params import make_optimizer
 
 STEPS = 3
 MOMENTUM = 0.9
@@ -42,7 +43,7 @@ class MomentumSGDTTT(MaskedTTT):
 
 
 def build(model, tokenizer, settings: TTTSettings) -> MomentumSGDTTT:
-    from ..model import special_token_ids
+    from ttt_pipeline.modeling.model import special_token_ids
 
     return MomentumSGDTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), recipe(settings))
 

@@ -1,109 +1,51 @@
 """Method names -> what runs: zero or more text repairs, then one model engine.
 
 A method is `repair+...+engine` (`spell+masked_ttt`), a lone repair (`spell`: then plain prediction) or a lone
-engine (`masked_ttt`). Adding a defense is one module plus one line in REPAIRS or ENGINES.
+engine (`masked_ttt`). Adding a defense is one module with a `build` function plus one line in ENGINES or
+REPAIRS (docs/architecture.md walks through it).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-# engine name -> factory(model, tokenizer, settings) -> object with .predict(ids, am) (None: plain forward)
-ENGINES: dict[str, Callable] = {}
-# repair name -> factory(settings, context) -> callable(list[str]) -> list[str]
-REPAIRS: dict[str, Callable] = {}
-# Engines whose result depends on the mask seed: scored once per `ttt.mask_seeds` entry.
-MASKED = {"masked_ttt", "mask_ensemble"}
+
+@dataclass(frozen=True)
+class Entry:
+    """A defense: the module that holds it (under ttt_pipeline.defenses, or a full dotted path) and whether its
+    result depends on the mask seed (then it is scored once per `ttt.mask_seeds` entry)."""
+
+    module: str | None
+    masked: bool = False
 
 
-def engine(name: str, masked: bool = False):
-    def register(factory):
-        ENGINES[name] = factory
-        if masked:
-            MASKED.add(name)
-        return factory
-    return register
+# Model engines: each module has build(model, tokenizer, settings) -> an object with .predict(input_ids,
+# attention_mask) -> logits (and .close()); `none` is the plain forward pass. One line per defense.
+ENGINES: dict[str, Entry] = {
+    "none": Entry(None),
+    "masked_ttt": Entry("masked_ttt", masked=True),
+    "tent": Entry("tent"),
+    "mask_ensemble": Entry("mask_ensemble", masked=True),  # masked TTT's no-gradient control
+    # masked TTT recipes beyond the tutorial's, and Tent with a reliability filter (docstrings cite sources)
+    "masked_ttt_views": Entry("masked_ttt_views", masked=True),
+    "masked_ttt_sgd": Entry("masked_ttt_sgd", masked=True),
+    "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", masked=True),
+    "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True),
+    "tent_filtered": Entry("tent_filtered"),
+}
+# Text repairs: each module has build(settings, context) -> callable(list[str]) -> list[str].
+REPAIRS: dict[str, Entry] = {
+    "spell": Entry("spell"),
+}
+MASKED = {name for name, entry in ENGINES.items() if entry.masked}
 
 
-def repair(name: str):
-    def register(factory):
-        REPAIRS[name] = factory
-        return factory
-    return register
-
-
-@engine("none")
-def _none(model, tokenizer, settings):
-    return None
-
-
-@engine("masked_ttt", masked=True)
-def _masked_ttt(model, tokenizer, settings):
-    from ..ttt import MaskedTTT
-    from ..model import special_token_ids
-
-    return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)
-
-
-@engine("tent")
-def _tent(model, tokenizer, settings):
-    from ..tent import TentEngine
-
-    return TentEngine(model, settings)
-
-
-@engine("mask_ensemble", masked=True)
-def _mask_ensemble(model, tokenizer, settings):
-    from ..model import special_token_ids
-    from .mask_ensemble import MaskEnsemble
-
-    return MaskEnsemble(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)
-
-
-# Masked TTT recipes beyond the tutorial's and Tent with a reliability filter: one module each (docstrings cite
-# their sources); each takes ttt.* and fixes only what defines it.
-@engine("masked_ttt_views", masked=True)
-def _masked_ttt_views(model, tokenizer, settings):
-    from .masked_ttt_views import build
-
-    return build(model, tokenizer, settings)
-
-
-@engine("masked_ttt_sgd", masked=True)
-def _masked_ttt_sgd(model, tokenizer, settings):
-    from .masked_ttt_sgd import build
-
-    return build(model, tokenizer, settings)
-
-
-@engine("masked_ttt_lower_norm", masked=True)
-def _masked_ttt_lower_norm(model, tokenizer, settings):
-    from .masked_ttt_lower_norm import build
-
-    return build(model, tokenizer, settings)
-
-
-@engine("masked_ttt_anchored", masked=True)
-def _masked_ttt_anchored(model, tokenizer, settings):
-    from .masked_ttt_anchored import build
-
-    return build(model, tokenizer, settings)
-
-
-@engine("tent_filtered")
-def _tent_filtered(model, tokenizer, settings):
-    from .tent_filtered import build
-
-    return build(model, tokenizer, settings)
-
-
-@repair("spell")
-def _spell(settings, context):
-    from .spell import SpellRepair
-
-    return SpellRepair(max_edit_distance=getattr(settings, "spell_max_edit_distance", 2),
-                       extra_vocabulary=context.get("vocabulary")).repair_all
+def _module(entry: Entry):
+    """The defense's module, imported only when it is built (config validation never imports torch)."""
+    name = entry.module if "." in entry.module else f"ttt_pipeline.defenses.{entry.module}"
+    return importlib.import_module(name)
 
 
 @dataclass(frozen=True)
@@ -139,10 +81,17 @@ def known() -> list[str]:
 
 
 def build_engine(method: Method | str, model, tokenizer, settings):
+    """An object with .predict(input_ids, attention_mask) -> logits, or None for `none`; `settings` is a
+    TTTSettings or a TTTConfig (converted)."""
+    from ttt_pipeline.defenses.base import TTTSettings, settings_from_config
+
     m = parse(method) if isinstance(method, str) else method
-    return ENGINES[m.engine](model, tokenizer, settings)
+    if not isinstance(settings, TTTSettings):
+        settings = settings_from_config(settings)
+    entry = ENGINES[m.engine]
+    return None if entry.module is None else _module(entry).build(model, tokenizer, settings)
 
 
 def build_repairs(method: Method | str, settings, context: dict | None = None) -> list[Callable]:
     m = parse(method) if isinstance(method, str) else method
-    return [REPAIRS[r](settings, context or {}) for r in m.repairs]
+    return [_module(REPAIRS[r]).build(settings, context or {}) for r in m.repairs]

@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from functools import lru_cache
 from importlib import resources
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from symspellpy import SymSpell, Verbosity
 
@@ -169,3 +169,10 @@ def get_repair(max_edit_distance: int = 2, extra_texts_digest: str | None = None
         while len(_by_digest) > 8:  # oldest first
             _by_digest.pop(next(iter(_by_digest)))
     return hit
+
+
+def build(settings, context: dict) -> Callable[[list[str]], list[str]]:
+    """The registry's constructor for a text repair: `ttt.spell_max_edit_distance`, and the training vocabulary
+    when the context has one (`context["vocabulary"]`)."""
+    return SpellRepair(max_edit_distance=getattr(settings, "spell_max_edit_distance", 2),
+                       extra_vocabulary=context.get("vocabulary")).repair_all

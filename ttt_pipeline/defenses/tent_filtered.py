@@ -1,6 +1,6 @@
 """tent_filtered: Tent with the EATA/SAR reliability filter and SAR's reset, on the encoder's LayerNorms.
 
-Per unit and step, as Tent (`ttt_pipeline.tent`: entropy minimisation of the LayerNorm affine parameters at
+Per unit and step, as Tent (`ttt_pipeline.defenses.tent`: entropy minimisation of the LayerNorm affine parameters at
 `ttt.tent_lr` for `ttt.tent_steps` steps, episodic unless `ttt.online`), except:
 
 - reliability filter (EATA, Niu et al., ICML 2022; kept by SAR, Niu et al., ICLR 2023): only reviews whose
@@ -26,8 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..tent import TentEngine
-from ..ttt import TTTSettings
+from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.tent import TentEngine
 
 MARGIN = 0.4
 RESET_FRACTION = 0.2 / math.log(1000)

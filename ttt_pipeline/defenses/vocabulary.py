@@ -35,7 +35,7 @@ def training_vocabulary(texts: Iterable[str], min_count: int = 2) -> dict[str, i
 
 
 def write_vocabulary(vocabulary: dict[str, int], path: Path) -> Path:
-    from ..storage import atomic_write_text
+    from ttt_pipeline.storage import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(vocabulary, ensure_ascii=False, indent=0))
     return Path(path)

@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .evaluate import headline, metric_name
-from .storage import StepOutput
-from .tracking import Tracker
+from ttt_pipeline.evaluation.scoring import headline, metric_name
+from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.storage import StepOutput
 
 
 def _common(tracker: Tracker, run_id: str, out: StepOutput) -> None:
@@ -33,7 +33,7 @@ def log_download(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
                              "dropped_missing_label": m.get("dropped_missing_label", 0),
                              "dropped_by_label_map": m.get("dropped_by_label_map", 0),
                              "truncated_texts": m.get("truncated_texts", 0)})
-    for split, n in m["sizes"].items():
+    for split in m["sizes"]:
         tracker.dataset(run_id, f"reviews-{split}", m["content_digest"], cfg.data.path, split)
     tracker.artifact(run_id, Path(out.path) / "labels.json")
     tracker.dict(run_id, m["class_counts"], "class_counts.json")
@@ -73,17 +73,17 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
 
 
 def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: StepOutput | None = None) -> str:
-    """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.mlflow_model`):
+    """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.io.mlflow_model`):
     inference configuration = the run's recommended defense (`evaluation.default_defense`, else the first of
     ttt.methods other than none) with its ttt.* settings; spell's vocabulary = the training texts' words seen
     twice. Returns the model id."""
-    from .classifier import default_method, inference_config
-    from .mlflow_model import log_classifier_model
+    from ttt_pipeline.classifier import default_method, inference_config
+    from ttt_pipeline.io.mlflow_model import log_classifier_model
 
     vocabulary = None
     if data is not None:
-        from .data.prepare import load_prepared
-        from .defenses.vocabulary import training_vocabulary
+        from ttt_pipeline.data.prepare import load_prepared
+        from ttt_pipeline.defenses.vocabulary import training_vocabulary
 
         vocabulary = training_vocabulary(load_prepared(data.path)[0]["train"]["text"])
     method = getattr(cfg.evaluation, "default_defense", None) or default_method(cfg.ttt.methods)
@@ -111,10 +111,10 @@ def log_corrupt(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
 
 
 def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_rows: list[dict] | None = None) -> dict:
-    """Paired statistics of the stored predictions (ttt_pipeline.robustness): the run's contract objects, the
+    """Paired statistics of the stored predictions (ttt_pipeline.evaluation.robustness): the run's contract objects, the
     per-set comparisons and the scalar headline."""
-    from . import robustness
-    from .steps import read_predictions
+    from ttt_pipeline.evaluation import robustness
+    from ttt_pipeline.steps import read_predictions
 
     ev = cfg.evaluation
     kw = dict(resamples=ev.resamples, confidence=ev.confidence, seed=ev.seed)
@@ -132,8 +132,8 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
                  reference_rows: list[dict] | None = None) -> dict:
     """Accuracy per set and method (mean over mask seeds, and per seed), the paired statistics with their
     interval companions, the per-review predictions and the plots; returns the headline and statistics."""
-    from . import robustness
-    from .evaluate import seed_means
+    from ttt_pipeline.evaluation import robustness
+    from ttt_pipeline.evaluation.scoring import seed_means
 
     for out in outs:
         _common(tracker, run_id, out)
@@ -168,7 +168,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
 
 
 def _plots():
-    from . import plots  # matplotlib is imported only when a run logs plots
+    from ttt_pipeline import plots  # matplotlib is imported only when a run logs plots
 
     return plots
 
@@ -193,8 +193,8 @@ def log_plots(tracker: Tracker, run_id: str, write: Callable[[Path], list[Path]]
 def reference_rows(tracker: Tracker, reference: str | None) -> list[dict] | None:
     """The `none` rows of a reference run's evaluation (evaluation.reference): an MLflow run id (pipeline run
     or its evaluate stage) or models:/<name>@<alias> / models:/<name>/<version> (the version's source run)."""
-    from .errors import ConfigError
-    from .runs import get_pipeline_run
+    from ttt_pipeline.errors import ConfigError
+    from ttt_pipeline.io.runs import get_pipeline_run
 
     if not reference:
         return None
@@ -222,10 +222,10 @@ def reference_rows(tracker: Tracker, reference: str | None) -> list[dict] | None
 
 
 def log_attribute(tracker: Tracker, run_id: str, out: StepOutput, cfg, result: dict) -> None:
-    """TRAK attribution (ttt_pipeline.attribution): its settings, sizes and timings, the table `attribution.json`
+    """TRAK attribution (ttt_pipeline.evaluation.attribution): its settings, sizes and timings, the table `attribution.json`
     (one row per explained prediction x supporting/opposing x rank) and the full result
     `attribution_targets.json` (what `ttt-pipeline explain` reads)."""
-    from .attribution import table_rows
+    from ttt_pipeline.evaluation.attribution import table_rows
 
     _common(tracker, run_id, out)
     tracker.params(run_id, {f"attribution.{k}": v for k, v in cfg.attribution.model_dump(mode="json").items()})

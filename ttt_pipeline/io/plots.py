@@ -120,7 +120,7 @@ def clean_accuracy(rows: list[dict], method: str) -> float | None:
 def severity_series(rows: list[dict]) -> dict[str, dict[str, list[tuple]]]:
     """family -> method -> [(severity, accuracy, ci_low, ci_high)] sorted by severity, from the corrupted rows
     (accuracy averaged over mask seeds; the interval of the first seed's row, or the accuracy itself)."""
-    from .evaluate import seed_means
+    from ttt_pipeline.evaluation.scoring import seed_means
 
     out: dict[str, dict[str, list[tuple]]] = {}
     for r in seed_means(rows):
@@ -238,8 +238,8 @@ def per_class_recall(rows: list[dict], label_names: list[str]) -> Figure:
 def grid_table(rows: list[dict], comparisons: list[dict] | None = None) -> list[dict]:
     """The evaluation grid as flat table rows (no matrices), for table artifacts: accuracy (mean over mask
     seeds) and, for a defense, its paired difference from `none` on the same set with interval and verdict."""
-    from .evaluate import seed_means
-    from .stats import verdict
+    from ttt_pipeline.evaluation.scoring import seed_means
+    from ttt_pipeline.evaluation.stats import verdict
 
     diffs = {(c["set"], c["method"]): c for c in comparisons or [] if c["comparison"] == "method"}
     out = []

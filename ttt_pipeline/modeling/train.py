@@ -23,10 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Sampler
 
-from .metrics import summarize
-from .model import ReviewClassifier, autocast_dtype, pick_device, special_token_ids
-from .storage import atomic_write_text
-from .ttt import eligible_positions
+from ttt_pipeline.metrics import summarize
+from ttt_pipeline.modeling.model import (
+    ReviewClassifier,
+    autocast_dtype,
+    eligible_positions,
+    pick_device,
+    special_token_ids,
+)
+from ttt_pipeline.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int, dict], None]
@@ -263,11 +268,190 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result: TrainResult) -> None:
+    """Before the classification epochs (a fresh run only): warm up an untrained MLM head, then DAPT."""
+    if not model.meta.mlm_head_pretrained and not model.meta.mlm_head_trained and cfg.mlm_warmup_max_steps > 0:
+        result.warmup_curve = warmup_mlm_head(model, tokenizer, train_ds, cfg, device, progress)
+        model.meta.mlm_head_trained = True
+    if cfg.alignment == "dapt" and cfg.dapt_epochs > 0:
+        from datasets import concatenate_datasets
+
+        cols = ["input_ids", "length"]
+        mlm_ds = train_ds if unlabeled_ds is None else concatenate_datasets(
+            [train_ds.select_columns(cols), unlabeled_ds.select_columns(cols)])
+        result.dapt_curve = dapt(model, tokenizer, mlm_ds, cfg, device, progress, amp)
+
+
+@dataclass
+class _Loop:
+    """What the classification epochs share: the objects a checkpoint saves and restores."""
+
+    model: ReviewClassifier
+    tokenizer: object
+    cfg: object
+    device: torch.device
+    amp: torch.dtype | None
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    sampler: Sampler
+    weights: torch.Tensor
+    gen: torch.Generator
+    scaler: torch.amp.GradScaler
+    fwd_model: object
+    joint: bool
+    steps_total: int
+    start_epoch: int = 0
+    best_f1: float = -1.0
+    bad_epochs: int = 0
+    seen: int = 0
+    t_train: float = 0.0
+
+
+def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop:
+    """AdamW (no decay on biases and norms), the class-weighted length-grouped sampler, the linear warm-up and
+    decay schedule, the mask generator and the gradient scaler."""
+    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                            **({"fused": True} if device.type == "cuda" else {}))
+    labels = train_ds["label"]
+    weights = class_weights(labels, model.meta.num_labels)
+    sampler = WeightedLengthGroupedBatches(
+        weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
+        cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
+    if parallel is not None:
+        sampler = parallel.shard(sampler, model)
+    steps_total = cfg.epochs * len(sampler)
+    warm = int(cfg.warmup_ratio * steps_total)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
+    joint = cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
+    gen = torch.Generator().manual_seed(cfg.seed + 303)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)  # fp16 gradients underflow unscaled
+    fwd_model = torch.compile(model) if cfg.compile else model
+    return _Loop(model, tokenizer, cfg, device, amp, opt, sched, sampler, weights, gen, scaler, fwd_model, joint,
+                 steps_total)
+
+
+def _resume(loop: _Loop, resume: dict, work_dir: Path, result: TrainResult) -> None:
+    """Weights, optimizer, schedule, every random state and the history from the last finished epoch."""
+    loop.model.load_state_dict(resume["model"])
+    loop.opt.load_state_dict(resume["optimizer"])
+    loop.sched.load_state_dict(resume["scheduler"])
+    torch.set_rng_state(resume["torch_rng"])
+    cuda_rng = resume.get("cuda_rng") or []
+    if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda_rng)  # dropout on the GPU draws from these
+    loop.gen.set_state(resume["mask_rng"])
+    loop.start_epoch, loop.best_f1 = int(resume["epoch"]), float(resume["best_f1"])
+    loop.bad_epochs = int(resume["bad_epochs"])
+    meta = json.loads((work_dir / "state.json").read_text())
+    # state.json is written just before last.pt: a kill between the two leaves it one epoch ahead
+    result.history = meta["history"][:loop.start_epoch]
+    result.warmup_curve, result.dapt_curve = meta["warmup"], meta["dapt"]
+    result.best_epoch = meta["best_epoch"]
+    loop.model.meta.mlm_head_trained = meta["mlm_head_trained"]
+    result.resumed_from_epoch = loop.start_epoch
+    log.info("resuming fine-tuning after epoch %d", loop.start_epoch)
+
+
+def _batch_loss(loop: _Loop, ids, am, y, special: list[int], loss_w) -> tuple[torch.Tensor, float, float]:
+    """(loss to step on, its cross-entropy part, its MLM part) for one batch under the configured alignment."""
+    model, cfg, tok = loop.model, loop.cfg, loop.tokenizer
+    m_loss = None
+    with torch.autocast(loop.device.type, dtype=loop.amp, enabled=loop.amp is not None):
+        if loop.joint and cfg.joint_passes == 1:
+            mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, loop.gen).to(loop.device)
+            hidden = model.encode(ids.masked_fill(mask, tok.mask_token_id), am)
+            # the classifier pools over the unmasked tokens only: mean pooling would otherwise average in
+            # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
+            logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
+            loss = F.cross_entropy(logits.float(), y, weight=loss_w)
+            m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+        else:
+            loss = F.cross_entropy(loop.fwd_model(ids, am).float(), y, weight=loss_w)
+            if loop.joint:
+                mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, loop.gen).to(loop.device)
+                m_loss = mlm_loss(model, ids, am, mask, tok.mask_token_id)
+        ce = loss.item()
+        mlm = 0.0
+        if loop.joint:
+            mlm = m_loss.item()
+            loss = loss + cfg.mlm_weight * m_loss
+    return loss, ce, mlm
+
+
+def _train_epoch(loop: _Loop, epoch: int, train_ds, workers: int, progress, parallel) -> dict:
+    """One pass over the sampler's batches; the epoch's history row (losses, lr, speed)."""
+    model, cfg, device = loop.model, loop.cfg, loop.device
+    model.train()
+    loop.sampler.set_epoch(epoch)
+    special = special_token_ids(loop.tokenizer)
+    loss_w = loop.weights.to(device) if cfg.class_weighted_loss else None
+    sync = None if parallel is None else (lambda: parallel.sync_gradients(model))
+    t0 = time.perf_counter()
+    ce_sum = mlm_sum = 0.0
+    nb = 0
+    for bi, batch in enumerate(_loader(train_ds, loop.sampler, make_collate(loop.tokenizer), workers)):
+        ids, am, y = (batch[k].to(device, non_blocking=True) for k in ("input_ids", "attention_mask", "labels"))
+        loss, ce, mlm = _batch_loss(loop, ids, am, y, special, loss_w)
+        ce_sum += ce
+        mlm_sum += mlm
+        optimizer_step(loss, loop.opt, loop.scaler, model.parameters(), cfg.max_grad_norm, sync)
+        loop.sched.step()
+        nb += 1
+        loop.seen += len(y)
+        if progress:
+            progress("finetune", epoch * len(loop.sampler) + bi + 1, loop.steps_total, {"loss": loss.item()})
+    dt = time.perf_counter() - t0
+    loop.t_train += dt
+    row = {"epoch": epoch + 1, "train_loss": ce_sum / max(1, nb), "lr": loop.sched.get_last_lr()[0],
+           "epoch_s": dt, "samples_per_s": len(loop.sampler.lengths) / dt if dt > 0 else 0.0}
+    if loop.joint:
+        row["train_mlm_loss"] = mlm_sum / max(1, nb)
+    return row
+
+
+def _end_epoch(loop: _Loop, epoch: int, row: dict, val_ds, work_dir: Path, result: TrainResult) -> bool:
+    """Validate, keep the best weights, write the resumable state; True when early stopping ends training."""
+    model, cfg = loop.model, loop.cfg
+    if val_ds is not None and len(val_ds):
+        v = evaluate_split(model, loop.tokenizer, val_ds, cfg.batch_size * 2, loop.device, loop.weights)
+        row.update({"val_loss": v["loss"], "val_acc": v["acc"], "val_macro_f1": v["macro_f1"]})
+        improved = v["macro_f1"] > loop.best_f1 + 1e-9
+    else:
+        improved = True
+    if improved:
+        loop.best_f1 = row.get("val_macro_f1", loop.best_f1)
+        loop.bad_epochs = 0
+        result.best_epoch = epoch + 1
+        _save_checkpoint(work_dir / "best.pt", {"model": model.state_dict()})
+    else:
+        loop.bad_epochs += 1
+    result.history.append(row)
+    log.info("epoch %d: %s", epoch + 1,  # 4 significant digits: a late-schedule lr (2.5e-05) is not 0.0
+             {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()})
+    atomic_write_text(work_dir / "state.json", json.dumps({  # atomic: a kill never leaves half a file
+        "history": result.history, "warmup": result.warmup_curve, "dapt": result.dapt_curve,
+        "best_epoch": result.best_epoch, "mlm_head_trained": model.meta.mlm_head_trained}))
+    stop = cfg.early_stopping_patience > 0 and loop.bad_epochs >= cfg.early_stopping_patience
+    _save_checkpoint(work_dir / "last.pt", {
+        "model": model.state_dict(), "optimizer": loop.opt.state_dict(), "scheduler": loop.sched.state_dict(),
+        "torch_rng": torch.get_rng_state(), "mask_rng": loop.gen.get_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "epoch": cfg.epochs if stop else epoch + 1, "best_f1": loop.best_f1, "bad_epochs": loop.bad_epochs})
+    return stop
+
+
 def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir: Path,
              progress: Progress | None = None, unlabeled_ds=None, parallel=None) -> TrainResult:
     """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes).
 
-    `parallel` (optional, ttt_pipeline.distributed.DataParallel) makes the classification epochs data-parallel:
+    Phases: MLM alignment (`_align`, a fresh run only), the training objects (`_build_loop`), a resumed state
+    (`_resume`), then per epoch `_train_epoch` and `_end_epoch` (validation, best weights, checkpoint).
+
+    `parallel` (optional, tasks.distributed.DataParallel) makes the classification epochs data-parallel:
     `parallel.shard(sampler, model)` gives this rank its share of the batches (and starts every rank from rank
     0's weights), `parallel.sync_gradients(model)` averages the gradients after each backward."""
     set_threads()
@@ -279,138 +463,21 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
     result = TrainResult()
-    n = model.meta.num_labels
-    labels = train_ds["label"]
-    special = special_token_ids(tokenizer)
-
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     if resume is None:
-        if not model.meta.mlm_head_pretrained and not model.meta.mlm_head_trained and cfg.mlm_warmup_max_steps > 0:
-            result.warmup_curve = warmup_mlm_head(model, tokenizer, train_ds, cfg, device, progress)
-            model.meta.mlm_head_trained = True
-        if cfg.alignment == "dapt" and cfg.dapt_epochs > 0:
-            from datasets import concatenate_datasets
-
-            cols = ["input_ids", "length"]
-            mlm_ds = train_ds if unlabeled_ds is None else concatenate_datasets(
-                [train_ds.select_columns(cols), unlabeled_ds.select_columns(cols)])
-            result.dapt_curve = dapt(model, tokenizer, mlm_ds, cfg, device, progress, amp)
-
-    head_and_decay = [p for n_, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n_, p in model.named_parameters() if p.ndim < 2]
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW([{"params": head_and_decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
-                            **({"fused": True} if fused else {}))
-    weights = class_weights(labels, n)
-    sampler = WeightedLengthGroupedBatches(
-        weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
-        cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
-    if parallel is not None:
-        sampler = parallel.shard(sampler, model)
-    steps_total = cfg.epochs * len(sampler)
-    warm = int(cfg.warmup_ratio * steps_total)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
-    loss_w = weights.to(device) if cfg.class_weighted_loss else None
-    joint = cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
-    gen = torch.Generator().manual_seed(cfg.seed + 303)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)  # fp16 gradients underflow unscaled
-    fwd_model = torch.compile(model) if cfg.compile else model
-
-    start_epoch, best_f1, bad_epochs = 0, -1.0, 0
+        _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
+    loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
     if resume is not None:
-        model.load_state_dict(resume["model"])
-        opt.load_state_dict(resume["optimizer"])
-        sched.load_state_dict(resume["scheduler"])
-        torch.set_rng_state(resume["torch_rng"])
-        cuda_rng = resume.get("cuda_rng") or []
-        if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_rng)  # dropout on the GPU draws from these
-        gen.set_state(resume["mask_rng"])
-        start_epoch, best_f1, bad_epochs = int(resume["epoch"]), float(resume["best_f1"]), int(resume["bad_epochs"])
-        meta = json.loads((work_dir / "state.json").read_text())
-        # state.json is written just before last.pt: a kill between the two leaves it one epoch ahead
-        result.history = meta["history"][:start_epoch]
-        result.warmup_curve, result.dapt_curve = meta["warmup"], meta["dapt"]
-        result.best_epoch = meta["best_epoch"]
-        model.meta.mlm_head_trained = meta["mlm_head_trained"]
-        result.resumed_from_epoch = start_epoch
-        log.info("resuming fine-tuning after epoch %d", start_epoch)
-
-    seen, t_train = 0, 0.0
-    collate = make_collate(tokenizer)
+        _resume(loop, resume, work_dir, result)
     workers = cfg.num_workers if cfg.num_workers is not None else default_workers(len(train_ds))
-    for epoch in range(start_epoch, cfg.epochs):
-        model.train()
-        sampler.set_epoch(epoch)
-        t0 = time.perf_counter()
-        ce_sum = mlm_sum = 0.0
-        nb = 0
-        for bi, batch in enumerate(_loader(train_ds, sampler, collate, workers)):
-            ids, am, y = (batch[k].to(device, non_blocking=True) for k in ("input_ids", "attention_mask", "labels"))
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                if joint and cfg.joint_passes == 1:
-                    mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
-                    hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
-                    # the classifier pools over the unmasked tokens only: mean pooling would otherwise average in
-                    # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
-                    logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
-                    loss = F.cross_entropy(logits.float(), y, weight=loss_w)
-                    m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
-                else:
-                    loss = F.cross_entropy(fwd_model(ids, am).float(), y, weight=loss_w)
-                    if joint:
-                        mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
-                        m_loss = mlm_loss(model, ids, am, mask, tokenizer.mask_token_id)
-                ce_sum += loss.item()
-                if joint:
-                    mlm_sum += m_loss.item()
-                    loss = loss + cfg.mlm_weight * m_loss
-            optimizer_step(loss, opt, scaler, model.parameters(), cfg.max_grad_norm,
-                           None if parallel is None else lambda: parallel.sync_gradients(model))
-            sched.step()
-            nb += 1
-            seen += len(y)
-            if progress:
-                progress("finetune", epoch * len(sampler) + bi + 1, steps_total, {"loss": loss.item()})
-        dt = time.perf_counter() - t0
-        t_train += dt
-        row = {"epoch": epoch + 1, "train_loss": ce_sum / max(1, nb), "lr": sched.get_last_lr()[0],
-               "epoch_s": dt, "samples_per_s": len(sampler.lengths) / dt if dt > 0 else 0.0}
-        if joint:
-            row["train_mlm_loss"] = mlm_sum / max(1, nb)
-        if val_ds is not None and len(val_ds):
-            v = evaluate_split(model, tokenizer, val_ds, cfg.batch_size * 2, device, weights)
-            row.update({"val_loss": v["loss"], "val_acc": v["acc"], "val_macro_f1": v["macro_f1"]})
-            improved = v["macro_f1"] > best_f1 + 1e-9
-        else:
-            improved = True
-        if improved:
-            best_f1 = row.get("val_macro_f1", best_f1)
-            bad_epochs = 0
-            result.best_epoch = epoch + 1
-            _save_checkpoint(best_path, {"model": model.state_dict()})
-        else:
-            bad_epochs += 1
-        result.history.append(row)
-        log.info("epoch %d: %s", epoch + 1,  # 4 significant digits: a late-schedule lr (2.5e-05) is not 0.0
-                 {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()})
-        atomic_write_text(work_dir / "state.json", json.dumps({  # atomic: a kill never leaves half a file
-            "history": result.history, "warmup": result.warmup_curve, "dapt": result.dapt_curve,
-            "best_epoch": result.best_epoch, "mlm_head_trained": model.meta.mlm_head_trained}))
-        stop = cfg.early_stopping_patience > 0 and bad_epochs >= cfg.early_stopping_patience
-        _save_checkpoint(ckpt_path, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng": torch.get_rng_state(), "mask_rng": gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "epoch": cfg.epochs if stop else epoch + 1, "best_f1": best_f1, "bad_epochs": bad_epochs})
-        if stop:
+    for epoch in range(loop.start_epoch, cfg.epochs):
+        row = _train_epoch(loop, epoch, train_ds, workers, progress, parallel)
+        if _end_epoch(loop, epoch, row, val_ds, work_dir, result):
             result.stopped_early = True
             break
     if best_path.is_file():
         model.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True)["model"])
-    result.best_val_macro_f1 = best_f1
-    result.train_samples_per_s = seen / t_train if t_train > 0 else 0.0
+    result.best_val_macro_f1 = loop.best_f1
+    result.train_samples_per_s = loop.seen / loop.t_train if loop.t_train > 0 else 0.0
     model.eval()
     return result

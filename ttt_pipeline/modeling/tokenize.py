@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .storage import file_digest
+from ttt_pipeline.storage import file_digest
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "merges.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
@@ -12,7 +12,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 
 def tokenizer_fingerprint(model_name: str) -> str:
     """Name plus the digest of its tokenizer files when they are local (a hub id is its own identity)."""
-    from .model import resolve_model_source
+    from ttt_pipeline.modeling.model import resolve_model_source
 
     source = Path(resolve_model_source(model_name))
     if not source.is_dir():
@@ -24,8 +24,8 @@ def tokenizer_fingerprint(model_name: str) -> str:
 def load_tokenizer(model_name: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    from .errors import DownloadError
-    from .model import check_local_source, resolve_model_source
+    from ttt_pipeline.errors import DownloadError
+    from ttt_pipeline.modeling.model import check_local_source, resolve_model_source
 
     source = resolve_model_source(model_name)
     check_local_source(model_name, source)
@@ -59,7 +59,7 @@ def tokenize_dataset(dataset_dict, tokenizer, max_length: int, out_dir: Path) ->
     from datasets import DatasetDict
     from datasets.utils.logging import disable_progress_bar
 
-    from .storage import stable_hash
+    from ttt_pipeline.storage import stable_hash
 
     disable_progress_bar()
     # An explicit fingerprint: hashing the closure with dill is slow and prints bytecode in some versions.

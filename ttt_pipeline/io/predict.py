@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError, DataError
+from ttt_pipeline.errors import ConfigError, DataError
 
 INPUTS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
 OUTPUTS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
@@ -78,7 +78,7 @@ def _missing(value: Any) -> bool:
 
 
 def _utf8(path: Path) -> None:
-    from .data.readers import _check_utf8
+    from ttt_pipeline.data.readers import _check_utf8
 
     _check_utf8(path)
 
@@ -278,8 +278,8 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
 
 def ttt_overrides(items: list[str]) -> dict[str, Any]:
     """`--set ttt.steps=3` -> {"steps": 3}; only ttt.* inference settings (the method is --method)."""
-    from .classifier import inference_fields
-    from .config import apply_overrides
+    from ttt_pipeline.classifier import inference_fields
+    from ttt_pipeline.config import apply_overrides
 
     data = apply_overrides({}, items)
     other = sorted(k for k in data if k != "ttt")
@@ -304,8 +304,8 @@ def _check_settings(method: str | None, overrides: dict[str, Any]) -> None:
     model's configuration is merged and checked again after loading)."""
     from pydantic import ValidationError
 
-    from .classifier import settings_error
-    from .config import TTTConfig
+    from ttt_pipeline.classifier import settings_error
+    from ttt_pipeline.config import TTTConfig
 
     try:
         TTTConfig.model_validate({**overrides, "methods": [method or "none"]})
@@ -351,8 +351,8 @@ def cmd_predict(args) -> int:
     if len(rows.bad) > LISTED:
         print(f"skipped {len(rows.bad) - LISTED} more bad rows", file=sys.stderr)
 
-    from .classifier import load_classifier
-    from .train import set_threads
+    from ttt_pipeline.io.mlflow_model import load_classifier
+    from ttt_pipeline.modeling.train import set_threads
 
     set_threads()
     _quiet_transformers()

@@ -1,15 +1,12 @@
-"""Masked test-time training: adapt on the MLM loss of each test unit, predict, restore.
+"""What every episodic defense shares: settings, reproducible masks, the collapse guard and `EpisodicEngine`.
 
-The algorithm is torch-ttt 0.0.2's `MaskedTTTEngine` (mask non-special, non-padding tokens with probability
-`mask_prob`, cross-entropy of the MLM head on the masked positions, `steps` optimizer steps at `lr`, then a
-prediction without gradients), re-implemented without its costs:
+`EpisodicEngine` adapts chosen parameters on a self-supervised loss of each test unit, predicts, restores:
 
 - episodic by default: while adapting, the chosen parameters are views into one flat buffer (so an
   optimizer step, a restore and an optimizer reset are one kernel each, see `FlatParams`); after every
   unit (batch or sample) the buffer is refilled from the model's own, never-modified tensors and the
   optimizer moments are zeroed in place, and `predict` hands the model back on its own storage; no deepcopy
   of model or inputs;
-- the MLM head runs only on the masked positions, and never on the prediction pass;
 - trailing padding columns are dropped, per-sample units run without padding, and optionally a unit runs
   in length-sorted sub-batches with accumulated gradients (`sub_batch_tokens`, same loss and step);
 - no-grad work runs under `torch.inference_mode`; `precision` auto autocasts to bf16 on CUDA and keeps CPU
@@ -25,11 +22,11 @@ per-sample prediction independent of batch composition. The mask function is inj
 probabilities of the draws (an ensemble of adapted models; `views` instead averages the loss of one step).
 
 Online mode keeps the adapted weights (and optimizer moments) from unit to unit, guarded by
-`CollapseGuard`, which restores the source weights when the MLM loss diverges or collapses or when the
+`CollapseGuard`, which restores the source weights when the loss diverges or collapses or when the
 prediction entropy collapses (thresholds are `TTTSettings.guard_*`).
 
-Tent (entropy minimisation of the encoder's LayerNorm affine parameters) lives in `ttt_pipeline.tent` and
-shares the episodic machinery of `EpisodicEngine`.
+A defense subclasses `EpisodicEngine` with `prepare` (per-step context) and `chunk_loss` (its loss):
+masked TTT in `masked_ttt.py`, Tent in `tent.py`.
 """
 
 from __future__ import annotations
@@ -45,13 +42,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .model import autocast_dtype
-from .ttt_params import (OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state,
-                         select_parameters)
+from ttt_pipeline.defenses.params import OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state
+from ttt_pipeline.modeling.model import autocast_dtype, eligible_positions
 
-__all__ = ["TTTSettings", "MaskedTTT", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn",
-           "build_engine", "settings_from_config", "select_parameters", "eligible_positions"]
-# `TentEngine` is importable from here too (lazily, see __getattr__ at the end).
+__all__ = ["TTTSettings", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn", "settings_from_config",
+           "trim_padding", "eligible_positions"]
 
 # mask_fn(input_ids, attention_mask, draw) -> bool mask (B x T); `draw` numbers the masks of one unit
 # ((draw * steps + step) * views + view) so that every draw, step and view gets fresh, reproducible masks.
@@ -117,14 +112,6 @@ class TTTSettings:
             raise ValueError(f"unit must be 'batch' or 'sample', got {self.unit!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
-
-
-def eligible_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:
-    """Tokens that may be masked: real (not padding) and not special ([CLS], [SEP], [PAD] ...)."""
-    ok = attention_mask.bool()
-    if special_ids:
-        ok &= ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
-    return ok
 
 
 def _row_key(tokens: np.ndarray) -> int:
@@ -459,72 +446,8 @@ def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple
     return input_ids[:, :end], attention_mask[:, :end]
 
 
-class MaskedTTT(EpisodicEngine):
-    """Masked-LM test-time training over a ReviewClassifier (see the module docstring)."""
-
-    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
-                 mask_fn: MaskFn | None = None):
-        # The classification head gets no gradient from the MLM loss: leave it out of the buffer (torch-ttt
-        # hands it to Adam, which skips it for want of a gradient; same result).
-        head = {id(p) for p in model.head.parameters()} if hasattr(model, "head") else set()
-        params = [p for p in select_parameters(model, settings.params, settings.top_k) if id(p) not in head]
-        super().__init__(model, settings, params, settings.lr)
-        self.steps = settings.steps
-        self.draws = settings.draws
-        self.mask_token_id = mask_token_id
-        self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
-
-    def prepare(self, input_ids, attention_mask, step):
-        """The unit's masks for every view, drawn on the whole unit (so sub-batching cannot change them),
-        and each view's weight 1 / (masked tokens in the view x views with any masked token)."""
-        views = self.s.views
-        masks = [self.mask_fn(input_ids, attention_mask, step * views + v).to(input_ids.device).bool()
-                 for v in range(views)]
-        counts = [int(m.sum()) for m in masks]
-        live = [v for v in range(views) if counts[v] > 0]
-        if not live:
-            return None
-        return {"masks": [masks[v] for v in live], "scale": [1.0 / (counts[v] * len(live)) for v in live]}
-
-    def chunk_loss(self, input_ids, attention_mask, rows, ctx):
-        """This sub-batch's share of mean-over-views(mean MLM cross-entropy on the view's masked tokens);
-        all views run as one forward; the MLM head only sees the masked positions."""
-        width = input_ids.shape[1]
-        masks = [m[rows, :width] for m in ctx["masks"]]
-        n = len(masks)
-        mask = masks[0] if n == 1 else torch.cat(masks)
-        if not bool(mask.any()):
-            return None
-        ids = input_ids if n == 1 else input_ids.repeat(n, 1)
-        am = attention_mask if n == 1 else attention_mask.repeat(n, 1)
-        hidden = self.model.encode(ids.masked_fill(mask, self.mask_token_id), am)
-        ce = F.cross_entropy(self.model.mlm_logits_at(hidden, mask).float(), ids[mask], reduction="none")
-        if n == 1:
-            return ce.sum() * ctx["scale"][0]
-        per_view = [int(m.sum()) for m in masks]
-        return sum(part.sum() * s for part, s in zip(ce.split(per_view), ctx["scale"]))
-
-
 def settings_from_config(cfg) -> TTTSettings:
     """TTTConfig (pydantic) -> engine settings; fields TTTSettings does not know are ignored."""
     known = {f.name for f in fields(TTTSettings)}
     data = cfg.model_dump() if hasattr(cfg, "model_dump") else dict(vars(cfg))
     return TTTSettings(**{k: v for k, v in data.items() if k in known})
-
-
-def build_engine(method: str, model, tokenizer, cfg):
-    """An object with .predict(input_ids, attention_mask) -> logits for an engine name, or None for `none`.
-
-    `cfg` is a TTTConfig or a TTTSettings; the names live in `ttt_pipeline.defenses.registry`."""
-    from .defenses import registry
-
-    settings = cfg if isinstance(cfg, TTTSettings) else settings_from_config(cfg)
-    return registry.build_engine(method, model, tokenizer, settings)
-
-
-def __getattr__(name: str):
-    if name == "TentEngine":  # re-exported lazily (tent.py imports this module)
-        from .tent import TentEngine
-
-        return TentEngine
-    raise AttributeError(name)

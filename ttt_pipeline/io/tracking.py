@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .errors import PipelineError
+from ttt_pipeline.errors import PipelineError, redact  # noqa: F401  (redact: callers of tracking use it)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,16 +32,6 @@ def retry(fn: Callable[[], T], what: str, attempts: int = 4, base_delay: float =
             log.warning("MLflow %s failed (%s); retrying in %.1fs", what, type(exc).__name__, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
-
-
-_USERINFO = re.compile(r"(://[^/@\s:]+):[^/@\s]+@")
-_SECRET_QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|access_token|secret|api_key|key|sig)=)[^&#\s]+",
-                           re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """`scheme://user:PASSWORD@host` and `?token=...` with the secret masked: for params, tags and messages."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
 
 
 @contextlib.contextmanager

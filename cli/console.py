@@ -7,7 +7,7 @@
   corrupted reviews with its paired gain over no defense (95% interval, verdict); the default defense first.
 - The two commands that open the UIs (MLflow, Prefect).
 
-Numbers come from the run summary only (the flow's paired statistics: ttt_pipeline.robustness), never
+Numbers come from the run summary only (the flow's paired statistics: ttt_pipeline.evaluation.robustness), never
 recomputed here.
 """
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .stats import format_difference
+from ttt_pipeline.evaluation.stats import format_difference
 
 QUIET_PREFIXES = ("Finished in state Completed", "Finished in state Cached", "Beginning flow run",
                   "Starting temporary server", "Stopping temporary server", "Created task run", "Executing '")
@@ -124,7 +124,7 @@ def _bin(name: str) -> str:
 
 def ui_commands(tracking_uri: str, run_url: str | None = None) -> list[tuple[str, str, str]]:
     """(UI, command, what to open) for MLflow and Prefect, as this run recorded into them."""
-    from .tracking import redact
+    from ttt_pipeline.errors import redact
 
     if tracking_uri.startswith(("http://", "https://")):
         mlflow = ("MLflow", "(server already running)", run_url or redact(tracking_uri))

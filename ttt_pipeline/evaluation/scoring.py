@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .metrics import recovered_fraction, summarize
-from .tokenize import encode_texts
-from .train import make_collate
+from ttt_pipeline.metrics import recovered_fraction, summarize
+from ttt_pipeline.modeling.tokenize import encode_texts
+from ttt_pipeline.modeling.train import make_collate
 
 
 def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int, engine=None,
@@ -52,8 +52,8 @@ def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max
 
     `settings` is a TTTConfig or TTTSettings (its `seed` is the mask seed); `repairs` are the method's text
     repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
-    from .defenses import registry
-    from .ttt import TTTSettings, settings_from_config
+    from ttt_pipeline.defenses import registry
+    from ttt_pipeline.defenses.base import TTTSettings, settings_from_config
 
     m = registry.parse(method)
     engine_settings = settings if isinstance(settings, TTTSettings) else settings_from_config(settings)

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import ConfigError
-from .model import ReviewClassifier, pool
+from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.modeling.model import ReviewClassifier, pool
 
 PARAMS_RE = re.compile(r"^head(?:\+last([1-9][0-9]*))?$")
 REASONS = ("flip", "fixed", "broke")
@@ -173,7 +173,6 @@ def _projector(grad_dim: int, proj_dim: int, seed: int, device: torch.device):
     if device.type == "cuda" and proj_dim % 512 == 0:
         try:
             import fast_jl  # noqa: F401  (CUDA-only; optional)
-
             from trak.projectors import CudaProjector
 
             return CudaProjector(grad_dim, proj_dim, seed, ProjectionType.rademacher, device,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .stats import Difference, paired_difference
+from ttt_pipeline.evaluation.stats import Difference, paired_difference
 
 HEADLINE_METHOD = "masked_ttt"
 
@@ -232,7 +232,7 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
     if "shift" in ttt:
         out["ttt_shift_change"] = {k: {**v, "mask_seeds": list(mask_seeds)} for k, v in ttt["shift"].items()}
     if default_defense and "corrupted" in gains.get(default_defense, {}):
-        from .defenses.registry import parse
+        from ttt_pipeline.defenses.registry import parse
 
         seeds = {"mask_seeds": list(mask_seeds)} if parse(default_defense).masked else {}
         out["defense_gain"] = {**gains[default_defense]["corrupted"], "method": default_defense, **seeds}
@@ -255,7 +255,7 @@ _DIFF_FIELDS = ("ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant
 def flat_metrics(stats: dict, per_set: list[dict] | None = None) -> dict[str, float]:
     """MLflow metrics of the statistics: each difference `name` with `name_ci_low`, `name_ci_high`,
     `name_p_mcnemar`, `name_helped`, `name_hurt`, `name_significant` (1/0) companions."""
-    from .evaluate import method_tag
+    from ttt_pipeline.evaluation.scoring import method_tag
 
     out: dict[str, float] = {}
 

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import PipelineError
-from .storage import MANIFEST, StepOutput, StepStore, atomic_dir, tree_digest
+from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.storage import MANIFEST, StepOutput, StepStore, atomic_dir, tree_digest
 
 
 def is_url(root: str | Path) -> bool:

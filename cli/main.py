@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import PipelineError
+from ttt_pipeline.errors import PipelineError
 
 EXIT_USER, EXIT_BUG = 2, 1
 
@@ -51,10 +51,10 @@ def preflight(cfg) -> bool:
     """Everything that can be wrong with the inputs, checked before any training (results are cached).
 
     Returns whether it built the download step (the flow's download task then finds it cached)."""
-    from . import steps
-    from .storage import StepStore
-    from .tokenize import load_tokenizer
-    from .tracking import Tracker
+    from ttt_pipeline import steps
+    from ttt_pipeline.io.tracking import Tracker
+    from ttt_pipeline.modeling.tokenize import load_tokenizer
+    from ttt_pipeline.storage import StepStore
 
     Tracker.from_config(cfg.tracking).check()
     load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
@@ -82,8 +82,8 @@ def start_prefect_server() -> None:
 
 
 def cmd_run(args) -> int:
-    from .config import load_config
-    from .console import setup_run_logging, summary_table, ui_lines
+    from cli.console import setup_run_logging, summary_table, ui_lines
+    from ttt_pipeline.config import load_config
 
     cfg = _absolute(load_config(args.config, args.set))
     _env_defaults(Path(cfg.store))
@@ -95,7 +95,7 @@ def cmd_run(args) -> int:
     from flows.pipeline import ttt_pipeline
 
     summary = ttt_pipeline(config=cfg)
-    from .report import run_link
+    from ttt_pipeline.io.report import run_link
 
     # the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every difference
     print("\n" + summary_table(summary, cfg))
@@ -119,7 +119,7 @@ def _say(text: str) -> None:
 
 
 def cmd_config(args) -> int:
-    from .config import PipelineConfig, dump_yaml, load_config
+    from ttt_pipeline.config import PipelineConfig, dump_yaml, load_config
 
     if args.schema:
         print(json.dumps(PipelineConfig.model_json_schema(), indent=2))
@@ -130,7 +130,7 @@ def cmd_config(args) -> int:
 
 
 def cmd_corrupt(args) -> int:
-    from .corruption import cli as corruption_cli
+    from ttt_pipeline.corruption import cli as corruption_cli
 
     return corruption_cli.run(args)
 
@@ -155,11 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_config)
 
     k = sub.add_parser("corrupt", help="list corruption families or corrupt a file of texts (one per line)")
-    from .corruption import cli as corruption_cli
+    from ttt_pipeline.corruption import cli as corruption_cli
 
     corruption_cli.add_arguments(k)
     k.set_defaults(fn=cmd_corrupt)
-    from . import predict
+    from ttt_pipeline.io import predict
 
     predict.add_command(sub)
     _add_run_inspection(sub)
@@ -168,11 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_inspection(sub) -> None:
     try:
-        from . import runs
+        from ttt_pipeline.io import runs
     except ImportError:
         return
     runs.add_commands(sub)
-    from . import explain
+    from ttt_pipeline.io import explain
 
     explain.add_command(sub)  # `explain RUN_ID --example N`: the attribute stage's training reviews
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import PipelineError
+from ttt_pipeline.errors import PipelineError
 
 
 def attribution_of(client, pipeline_run, uri: str) -> dict:
@@ -63,8 +63,8 @@ def pick(result: dict, example: int, set_name: str | None = None) -> list[dict]:
 
 
 def cmd_explain(args) -> int:
-    from .attribution import format_target
-    from .runs import default_tracking_uri, get_pipeline_run, open_client
+    from ttt_pipeline.evaluation.attribution import format_target
+    from ttt_pipeline.io.runs import default_tracking_uri, get_pipeline_run, open_client
 
     client, uri = open_client(args.tracking_uri or default_tracking_uri())
     result = attribution_of(client, get_pipeline_run(client, args.run_id, uri), uri)

@@ -3,7 +3,7 @@ retraining lower its margin more than removing k random ones? And the linear dat
 
 Retraining the whole pipeline per removal is out of reach on two cores, so the checked training algorithm is
 a small one, `A(S)`: from a fixed checkpoint (the pipeline's fine-tuned model), re-initialise the head with a
-seed and train the attributed subset (`params`, as in ttt_pipeline.attribution: the head, or the head and the
+seed and train the attributed subset (`params`, as in ttt_pipeline.evaluation.attribution: the head, or the head and the
 last N encoder layers) on the reviews S with AdamW for a few epochs; the lower layers are frozen, so their
 outputs are computed once. Dropout is off and batches are length-sorted slices of S taken in a seeded order, so
 A(S) is a deterministic function of S: a difference between two retrainings comes from the reviews removed.
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attribution import Encoded, Tail, boundary_states, margins, tail_size
-from .model import ReviewClassifier
+from ttt_pipeline.evaluation.attribution import Encoded, Tail, boundary_states, margins, tail_size
+from ttt_pipeline.modeling.model import ReviewClassifier
 
 
 @dataclass
@@ -120,7 +120,7 @@ class TailTrainer:
 
     def full_model(self, tail: Tail) -> ReviewClassifier:
         """The checkpoint with `tail`'s weights in place of its last layers and head (what TRAK attributes)."""
-        from .attribution import encoder_layers
+        from ttt_pipeline.evaluation.attribution import encoder_layers
 
         m = copy.deepcopy(self.model)
         if self.n_layers:

@@ -13,7 +13,7 @@ The MLM-head warm-up and DAPT before the epochs run unsharded on every rank; `sh
 weights so that any difference (GPU non-determinism) is gone before the first synchronised step.
 
 Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
-    torchrun --standalone --nproc-per-node N -m ttt_pipeline.distributed finetune JOB.json
+    torchrun --standalone --nproc-per-node N -m tasks.distributed finetune JOB.json
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class DataParallel:
 
 def ddp_finetune(model, tokenizer, train_ds, val_ds, cfg, work_dir: Path, progress=None, unlabeled_ds=None):
     """`train.finetune` on every rank of the current process group, data-parallel."""
-    from . import train
+    from ttt_pipeline.modeling import train
 
     return train.finetune(model, tokenizer, train_ds, val_ds, cfg, work_dir, progress, unlabeled_ds,
                           parallel=DataParallel())
@@ -137,13 +137,13 @@ def ddp_finetune(model, tokenizer, train_ds, val_ds, cfg, work_dir: Path, progre
 def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple[str, ...] = (),
                     timeout_s: float | None = None) -> None:
     """Run the fine-tune step on `nproc` local processes (torchrun); rank 0 writes its output into the store."""
-    from .errors import PipelineError
+    from ttt_pipeline.errors import PipelineError
 
     with tempfile.TemporaryDirectory(prefix="ttt-ddp-") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "ttt_pipeline.distributed", "finetune", str(job), *extra_args]
+               "-m", "tasks.distributed", "finetune", str(job), *extra_args]
         env = {**os.environ, "TTT_DDP_LOCAL_WORLD": str(nproc)}
         proc = subprocess.run(cmd, env=env, timeout=timeout_s)
         if proc.returncode != 0:
@@ -160,10 +160,11 @@ def _threads_per_rank() -> int:
 
 
 def _run_step(job_path: Path, dump_weights: Path | None) -> None:
-    from . import steps, train
-    from .config import PipelineConfig
-    from .remote_store import open_store
-    from .storage import StepOutput, StepStore
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.io.remote_store import open_store
+    from ttt_pipeline.modeling import train
+    from ttt_pipeline.storage import StepOutput, StepStore
 
     cuda = torch.cuda.is_available()
     dist.init_process_group(backend="nccl" if cuda else "gloo")
@@ -212,7 +213,7 @@ def _run_step(job_path: Path, dump_weights: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ttt_pipeline.distributed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tasks.distributed", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("finetune", help="the fine-tune step of JOB.json (config, data, tokens) on every rank")
     f.add_argument("job", type=Path)

@@ -1,6 +1,6 @@
 """MLflow model registry: every pipeline run registers its model; the best one holds the `champion` alias.
 
-What is registered: the MLflow Model the fine-tune child run logged as its output (`ttt_pipeline.mlflow_model`:
+What is registered: the MLflow Model the fine-tune child run logged as its output (`ttt_pipeline.io.mlflow_model`:
 a python_function flavour, so `models:/<name>@champion` loads with `mlflow.pyfunc.load_model`,
 `mlflow models serve` and `ttt-pipeline predict`), as `create_model_version(source=<the LoggedModel's artifact
 location>, run_id=<fine-tune child run>, model_id=<its model id>)`: the source lies inside the model's artifact
@@ -28,11 +28,12 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import PipelineError
+from ttt_pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 CHAMPION = "champion"
 MODEL_ARTIFACT = "model"
+LOGGED_MODEL_NAME = "model"  # the MLflow Model a fine-tune run logs (io.mlflow_model)
 
 
 @dataclass
@@ -132,11 +133,20 @@ def champion_value(client, version, metric: str) -> float | None:
     return value
 
 
+def logged_model_id(client, run_id: str) -> str | None:
+    """The newest READY MLflow Model logged as an output of the run, or None."""
+    run = client.get_run(run_id)
+    outputs = sorted((run.outputs.model_outputs if run.outputs else []) or [], key=lambda o: o.step)
+    for out in reversed(outputs):
+        lm = client.get_logged_model(out.model_id)
+        if str(lm.status) == "READY" and lm.name == LOGGED_MODEL_NAME:
+            return lm.model_id
+    return None
+
+
 def find_model_run(client, parent_run_id: str):
     """The newest fine-tune child run of this pipeline run that logged a model (an MLflow Model, or a plain
     `model` artifact folder), or None."""
-    from .mlflow_model import logged_model_id
-
     parent = client.get_run(parent_run_id)
     children = client.search_runs(
         [parent.info.experiment_id],
@@ -150,8 +160,6 @@ def find_model_run(client, parent_run_id: str):
 
 def model_source(client, model_run) -> tuple[str, str | None]:
     """(source, model id) to register for a fine-tune run: its MLflow Model, else its plain `model` folder."""
-    from .mlflow_model import logged_model_id
-
     model_id = logged_model_id(client, model_run.info.run_id)
     if model_id:
         return client.get_logged_model(model_id).artifact_location, model_id

@@ -6,7 +6,7 @@ MLflow), so the run's summary, `ttt-pipeline report` and the Prefect artifact pr
 
 from __future__ import annotations
 
-from .stats import verdict
+from ttt_pipeline.evaluation.stats import verdict
 
 ROWS = [("acc_clean", "clean accuracy"), ("acc_corrupted", "corrupted accuracy"),
         ("acc_ttt", "corrupted accuracy with masked TTT"), ("recovered_fraction", "recovered fraction of the drop"),
@@ -76,7 +76,7 @@ def headline_table(summary: dict, metrics: dict | None = None) -> str:
     width = max(len(label) for label, _ in lines) if lines else 10
     text = "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
     if metrics is None:
-        from .robustness import flat_metrics
+        from ttt_pipeline.evaluation.robustness import flat_metrics
 
         metrics = flat_metrics(summary)
     seeds = len((summary.get("ttt_gain") or {}).get("mask_seeds") or []) or None
@@ -101,7 +101,7 @@ def differences_markdown(metrics: dict) -> str:
 
 
 def headline_markdown(summary: dict, tracker=None) -> str:
-    from .robustness import flat_metrics
+    from ttt_pipeline.evaluation.robustness import flat_metrics
 
     rows = "\n".join(f"| {label} | {fmt(summary[key])} |" for key, label in ROWS if key in summary)
     rows += "\n\n" + differences_markdown(flat_metrics(summary))

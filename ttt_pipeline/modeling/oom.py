@@ -16,7 +16,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from .errors import PipelineError
+from ttt_pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .corruption import corrupt_texts
+from ttt_pipeline.corruption import corrupt_texts
 
 
 @dataclass
@@ -72,7 +72,7 @@ def augment_dataset(train_ds, train_texts: list[str], tokenizer, max_length: int
     `augment` is a finetune.augment section. Returns (dataset, AugmentedTexts)."""
     from datasets import concatenate_datasets
 
-    from .tokenize import lengths_dataset
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
 
     labels = train_ds["label"]
     aug = augment_texts(train_texts, labels, augment.families, augment.severities, augment.share, augment.seed)

@@ -1,0 +1,81 @@
+"""`make lint` holds the layering: it passes on the tree and fails on a deliberate violation of each kind
+(an MLflow import in the pure core, an import of the orchestration from io, a defense importing another,
+a ruff error, a function longer than a screen)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PACKAGES = ("ttt_pipeline", "tasks", "flows", "cli")
+
+
+def _tools() -> None:
+    for tool in ("ruff", "lint-imports"):
+        if not (BIN / tool).exists():
+            pytest.skip(f"{tool} is not installed in this environment (make setup installs the test extra)")
+
+
+def _copy(tmp_path: Path) -> Path:
+    """The packages and pyproject.toml in a scratch folder, which comes first on the import path there."""
+    root = tmp_path / "tree"
+    for pkg in PACKAGES:
+        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def _contracts(root: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": str(BIN), "PYTHONPATH": str(root), "HOME": str(root)}
+    return subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
+
+
+def test_the_tree_keeps_every_contract(tmp_path):
+    _tools()
+    proc = _contracts(_copy(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("ttt_pipeline/modeling/model.py", "import mlflow  # noqa", "The pure core imports neither"),
+    ("ttt_pipeline/evaluation/stats.py", "from ttt_pipeline.io import tracking  # noqa", "The pure core imports"),
+    ("ttt_pipeline/io/report.py", "import flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
+    ("ttt_pipeline/defenses/tent.py", "from ttt_pipeline.defenses import spell  # noqa", "Defenses are independent"),
+    ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
+    ("tasks/progress.py", "import flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
+])
+def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
+    _tools()
+    root = _copy(tmp_path)
+    _append(root / module, line)
+    proc = _contracts(root)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    broken = proc.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken, proc.stdout[-3000:]
+
+
+def test_ruff_and_the_function_length_check_fail_on_a_violation(tmp_path):
+    _tools()
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\n\ndef long():\n" + "    x = 1\n" * 81 + "    return x\n", encoding="utf-8")
+    ruff = subprocess.run([str(BIN / "ruff"), "check", "--config", str(REPO / "pyproject.toml"), str(bad)],
+                          capture_output=True, text=True)
+    assert ruff.returncode == 1 and "F401" in ruff.stdout, ruff.stdout
+    length = subprocess.run([sys.executable, str(REPO / "scripts" / "function_length.py"), str(tmp_path)],
+                            capture_output=True, text=True)
+    assert length.returncode == 1 and "long is 83 lines (limit 80)" in length.stdout, length.stdout
+    ok = subprocess.run([sys.executable, str(REPO / "scripts" / "function_length.py"), "ttt_pipeline", "tasks",
+                         "cli"], cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout

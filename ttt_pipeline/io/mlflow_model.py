@@ -1,0 +1,328 @@
+"""The classifier as an MLflow Model: the `python_function` flavour with this module as its loader.
+
+Layout of the logged model (an MLflow 3 LoggedModel, linked to the fine-tune run as its output):
+
+    MLmodel                      flavour python_function, loader_module ttt_pipeline.io.mlflow_model, config =
+                                 the inference configuration (method + ttt.* settings), signature, metadata
+    data/model/                  the fine-tune step's folder: encoder/ (safetensors), head.safetensors,
+                                 tokenizer/, meta.json, labels.json, vocabulary.json (spell's training words)
+    input_example.json, serving_input_example.json, requirements.txt, python_env.yaml, conda.yaml
+
+Loading (`mlflow.pyfunc.load_model`, `mlflow models serve`) imports this installed module by name and calls
+`_load_pyfunc(data_path, model_config)`: weights are safetensors, the tokenizer and vocabulary are data files,
+and nothing is unpickled or executed from the artifact (no code paths, no cloudpickled PythonModel). The
+package must be installed where the model is served (`--env-manager local`); it is deliberately not a pip
+requirement of the model, since no public package of that name is ours.
+
+Requests: `{"inputs": ["text", ...]}` or `{"dataframe_records": [{"text": ...}]}`, with an optional `params`
+object (`method` and any `ttt.*` inference setting, `ttt_pipeline.classifier.inference_fields`) overriding the
+model config for that request; the answer is `{"predictions": [{"label", "probability", "probabilities"}]}`.
+
+Logging goes through MlflowClient (create_logged_model, log_outputs, log_model_artifacts, finalize) with the
+model folder written by `mlflow.pyfunc.save_model`: `mlflow.pyfunc.log_model` works on the process-global
+tracking URI and active run, which the pipeline never sets (its tasks log from Prefect's worker threads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ttt_pipeline.classifier import LOADER_MODULE, Classifier, load_local
+from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.io.registry import LOGGED_MODEL_NAME, logged_model_id
+
+log = logging.getLogger(__name__)
+MODEL_TYPE = "review-classifier"
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+INPUT_EXAMPLE = ["Great sound and the battery lasts all day.", "Stopped working after a week. Very disappointed."]
+# What loading and serving import (distribution names); pinned to the versions this model was logged with.
+REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic",
+                "pyyaml", "symspellpy")
+
+
+# ---------------------------------------------------------------------- saving and logging
+
+
+def signature(label_names: list[str]):
+    """Input: texts (one unnamed string column, so `{"inputs": [...]}`, records with a `text` field and a
+    Python list all fit). Output: label, probability, probabilities (label -> probability).
+    Params: `method` and every inference setting, default None = the model config's value."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import Map
+
+    from ttt_pipeline.classifier import inference_fields
+
+    params = [ParamSpec("method", DataType.string, None)]
+    params += [ParamSpec(name, DataType[kind], None) for name, kind in inference_fields().items()]
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.string)]),
+        outputs=Schema([ColSpec(DataType.string, "label"), ColSpec(DataType.double, "probability"),
+                        ColSpec(Map(DataType.double), "probabilities")]),
+        params=ParamSchema(params))
+
+
+def pip_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist in REQUIREMENTS:
+        try:
+            out.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            out.append(dist)
+    return out
+
+
+def save_classifier_model(folder: Path, path: Path, config: dict[str, Any],
+                          vocabulary: dict[str, int] | None = None, mlflow_model=None) -> Path:
+    """Write the MLflow Model of a saved classifier folder to `path` (which must not exist)."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    from ttt_pipeline import __version__
+    from ttt_pipeline.defenses.vocabulary import FILE, write_vocabulary
+
+    folder, path = Path(folder), Path(path)
+    meta = json.loads((folder / "meta.json").read_text())
+    mlflow_model = mlflow_model or Model()
+    mlflow_model.metadata = {"ttt_pipeline_version": __version__, "base_model": meta["base_model"],
+                             "label_names": meta["label_names"], "max_length": meta["max_length"],
+                             "vocabulary_words": len(vocabulary) if vocabulary is not None else None}
+    mlflow.pyfunc.save_model(
+        path=str(path), loader_module=LOADER_MODULE, data_path=str(folder), mlflow_model=mlflow_model,
+        signature=signature(meta["label_names"]), input_example=list(INPUT_EXAMPLE),
+        pip_requirements=pip_requirements(), model_config=dict(config))
+    data = path / Model.load(str(path)).flavors["python_function"]["data"]
+    if vocabulary is not None:
+        write_vocabulary(vocabulary, data / FILE)
+    else:
+        (data / FILE).unlink(missing_ok=True)
+    return path
+
+
+def log_classifier_model(client, run_id: str, folder: Path, config: dict[str, Any],
+                         vocabulary: dict[str, int] | None = None, params: dict[str, Any] | None = None) -> str:
+    """Log the classifier folder as an MLflow Model (a LoggedModel that is the output of run `run_id`, so the
+    run page lists it under "Logged models"); returns its model id. The model's params are the run's params
+    plus the inference configuration (`inference.*`)."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
+
+    from ttt_pipeline.io.tracking import MAX_PARAM_LEN, retry
+
+    run = retry(lambda: client.get_run(run_id), "get_run")
+    all_params = {**run.data.params, **(params or {}), **{f"inference.{k}": v for k, v in config.items()}}
+    lm = retry(lambda: client.create_logged_model(
+        run.info.experiment_id, name=LOGGED_MODEL_NAME, source_run_id=run_id, model_type=MODEL_TYPE,
+        params={k: str(v)[:MAX_PARAM_LEN] for k, v in all_params.items()},
+        tags={"ttt.method": str(config.get("method"))}), "create_logged_model")
+    try:
+        retry(lambda: client.log_outputs(run_id, [LoggedModelOutput(lm.model_id, step=0)]), "log_outputs")
+        with tempfile.TemporaryDirectory(prefix="ttt-mlflow-model-") as tmp:
+            local = save_classifier_model(folder, Path(tmp) / "model", config, vocabulary,
+                                          Model(artifact_path=lm.artifact_location, model_uuid=lm.model_id,
+                                                run_id=run_id, model_id=lm.model_id))
+            retry(lambda: client.log_model_artifacts(lm.model_id, str(local)), "log_model_artifacts")
+        retry(lambda: client.finalize_logged_model(lm.model_id, LoggedModelStatus.READY), "finalize")
+    except BaseException:
+        try:
+            client.finalize_logged_model(lm.model_id, LoggedModelStatus.FAILED)
+        except Exception as exc:  # the original error matters more
+            log.warning("could not mark logged model %s FAILED: %s", lm.model_id, exc)
+        raise
+    return lm.model_id
+
+
+# ---------------------------------------------------------------------- resolving and downloading
+
+
+def _missing(exc: Exception) -> bool:
+    code = getattr(exc, "error_code", "") or ""
+    return any(c in code for c in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"))
+
+
+def client_for(tracking_uri: str | None):
+    """(MlflowClient, uri) for `tracking_uri`, else $TTT_TRACKING_URI / $MLFLOW_TRACKING_URI, else the demo
+    preset's sqlite:///mlflow.db; a sqlite file that does not exist or a server that does not answer is a
+    PipelineError (`runs.open_client`), never a new empty store. The registry is the tracking store."""
+    from mlflow.tracking import MlflowClient
+
+    from ttt_pipeline.io.runs import default_tracking_uri, open_client
+
+    _, uri = open_client(tracking_uri or default_tracking_uri())
+    return MlflowClient(tracking_uri=uri, registry_uri=uri), uri
+
+
+def _registered(client, source: str) -> str:
+    """The storage location of `models:/<name>@<alias>`, `models:/<name>/<version>`, `models:/<name>/latest`
+    or `models:/<model id>`, resolved with this client (MLflow's own models:/ resolution reads the process-global
+    registry URI, which would be ./mlflow.db here)."""
+    from mlflow.exceptions import MlflowException
+
+    ref = source[len("models:/"):].strip("/")
+    try:
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        elif "/" in ref:
+            name, version = ref.rsplit("/", 1)
+            if version == "latest":
+                versions = client.search_model_versions(f"name = '{name}'")
+                if not versions:
+                    raise PipelineError(f"{source}: the registered model has no versions", "run the pipeline first")
+                version = str(max(int(v.version) for v in versions))
+            mv = client.get_model_version(name, version)
+        else:  # a logged model id (m-...)
+            return client.get_logged_model(ref).artifact_location
+        return client.get_model_version_download_uri(mv.name, mv.version)
+    except MlflowException as exc:
+        if _missing(exc):
+            first = (exc.message or str(exc)).splitlines()[0][:300]
+            raise PipelineError(f"{source}: not found in the MLflow registry ({first})",
+                                "check the model name, alias or version (the MLflow UI's Models page lists them) "
+                                "and --tracking-uri") from None
+        raise
+
+
+def resolve_reference(client, source: str) -> str:
+    """The artifact URI of the model a reference names: a run id (pipeline run or fine-tune run),
+    `models:/...` or `runs:/<run id>/<path>`."""
+    from mlflow.exceptions import MlflowException
+
+    from ttt_pipeline.io.registry import MODEL_ARTIFACT, find_model_run
+
+    if source.startswith("models:/"):
+        return _registered(client, source)
+    run_id, _, path = source[len("runs:/"):].partition("/") if source.startswith("runs:/") else (source, "", "")
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        if _missing(exc):
+            raise PipelineError(f"MLflow run {run_id} not found", "check the run id and --tracking-uri") from None
+        raise
+    if path:
+        return f"{run.info.artifact_uri.rstrip('/')}/{path}"
+    candidates = [run]
+    if run.data.tags.get("stage") != "finetune":  # a pipeline run: its fine-tune child holds the model
+        child = find_model_run(client, run_id)
+        candidates = [child] if child is not None else []
+    for r in candidates:
+        model_id = logged_model_id(client, r.info.run_id)
+        if model_id:
+            return client.get_logged_model(model_id).artifact_location
+        if client.list_artifacts(r.info.run_id, MODEL_ARTIFACT):
+            return f"{r.info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}"
+    raise PipelineError(f"MLflow run {run_id} has no logged model",
+                        "give the pipeline run or its fine-tune run (tracking.log_model must have been true)")
+
+
+def download_model(source: str, dst: Path, tracking_uri: str | None = None) -> Path:
+    """Download the model a reference names into `dst`; returns the local folder."""
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    from ttt_pipeline.errors import redact
+
+    client, uri = client_for(tracking_uri)
+    artifact_uri = resolve_reference(client, source)
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(dst), tracking_uri=uri,
+                                                    registry_uri=uri)
+    except (MlflowException, OSError) as exc:
+        first = (getattr(exc, "message", None) or str(exc)).splitlines()[0][:300]
+        raise PipelineError(f"{source}: the model files at {redact(artifact_uri)} could not be downloaded ({first})",
+                            "check that the artifact store is reachable (and --tracking-uri)") from None
+    return Path(local)
+
+
+# ---------------------------------------------------------------------- the pyfunc loader
+
+
+def _texts(data) -> list[str]:
+    """Texts of a scoring request: a DataFrame's `text` column (or its only column), a list, a Series, an
+    array or a dict with a `text` list. A missing text names its row."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(data, pd.DataFrame):
+        if "text" in data.columns:
+            data = data["text"]
+        elif len(data.columns) == 1:
+            data = data.iloc[:, 0]
+        else:
+            raise PipelineError(f"input has columns {list(data.columns)} and no `text` column",
+                                'send {"inputs": ["review", ...]} or records with a "text" field')
+    elif isinstance(data, dict):
+        if "text" not in data:
+            raise PipelineError(f"input has keys {list(data)} and no `text`", 'send {"inputs": ["review", ...]}')
+        data = data["text"]
+    if isinstance(data, str):
+        data = [data]
+    values = data.tolist() if isinstance(data, (pd.Series, np.ndarray)) else list(data)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            what = "missing" if v is None or (isinstance(v, float) and v != v) else f"a {type(v).__name__}"
+            raise PipelineError(f"input row {i}: the text is {what}", "every input needs a review text (a string)")
+    return values
+
+
+class PyfuncClassifier:
+    """What `mlflow.pyfunc.load_model` returns the implementation of: predict(data, params) -> list of dicts."""
+
+    def __init__(self, classifier):
+        self.classifier = classifier
+
+    def predict(self, data, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        from mlflow.exceptions import MlflowException
+
+        overrides = {k: v for k, v in (params or {}).items() if v is not None}
+        method = overrides.pop("method", None)
+        try:
+            return self.classifier.predict(_texts(data), method, **overrides)
+        except PipelineError as exc:  # a bad request: HTTP 400 with the message and hint
+            raise MlflowException.invalid_parameter_value(
+                exc.message + (f" (hint: {exc.hint})" if exc.hint else "")) from None
+
+
+def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> PyfuncClassifier:
+    """MLflow's entry point: `data_path` is the model's data/model folder; `model_config` the stored inference
+    configuration with any load-time override (`mlflow.pyfunc.load_model(..., model_config=...)`) on top."""
+    import os
+
+    from ttt_pipeline.classifier import from_folder, known_settings
+
+    device = os.environ.get("TTT_DEVICE", "auto")
+    config = known_settings(dict(model_config or {}), data_path)
+    return PyfuncClassifier(from_folder(Path(data_path), config, device).prepare())  # the first request is fast
+
+
+def is_mlflow_reference(source: str) -> bool:
+    return source.startswith(("models:/", "runs:/")) or bool(RUN_ID.match(source))
+
+
+def load_classifier(source: str | Path, device: str = "auto", tracking_uri: str | None = None,
+                    config: dict[str, Any] | None = None, **settings) -> Classifier:
+    """A Classifier from a folder, an MLflow run id (the pipeline run or its fine-tune run),
+    `models:/<name>@<alias>`, `models:/<name>/<version>`, `models:/<model id>` or `runs:/<id>/<path>`.
+
+    `tracking_uri` (default: $TTT_TRACKING_URI, $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db) resolves MLflow
+    references; `config` and keyword `settings` (method=..., steps=...) override the stored inference
+    configuration."""
+    overrides = {**(config or {}), **settings}
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        return load_local(path, overrides, device)
+    if not is_mlflow_reference(text):
+        raise PipelineError(f"model {text!r}: no such folder, and not an MLflow run id or models:/ URI",
+                            "give a model folder, a run id (32 hex digits), models:/<name>@<alias> or "
+                            "models:/<name>/<version>")
+    with tempfile.TemporaryDirectory(prefix="ttt-model-") as tmp:  # weights are read into memory, then dropped
+        local = download_model(text, Path(tmp), tracking_uri)
+        return load_local(local, overrides, device, source=text)
