@@ -38,6 +38,7 @@ ENGINES: dict[str, Entry] = {
 # Text repairs: each module has build(settings, context) -> callable(list[str]) -> list[str].
 REPAIRS: dict[str, Entry] = {
     "spell": Entry("spell"),
+    "dedupe": Entry("dedupe"),
 }
 MASKED = {name for name, entry in ENGINES.items() if entry.masked}
 
