@@ -191,3 +191,22 @@ def test_long_inputs_show_a_progress_bar(tiny_model_dir, tmp_path, capsys):
     assert rc == 0 and "250/250" in err and "reviews/s" in err
     rc, _, err = run(capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl", "--quiet")
     assert rc == 0 and "250/250" not in err
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_a_spreadsheets_unicode_export_is_read_as_the_pipeline_reads_it(encoding, tiny_model_dir, reference,
+                                                                         tmp_path, capsys):
+    """Excel's "Unicode text" (UTF-16 with a byte-order mark) and "CSV UTF-8" (UTF-8 with one) both classify;
+    UTF-16 whose mark was stripped is refused with the iconv command, as `run` refuses it."""
+    src = tmp_path / "reviews.csv"
+    pd.DataFrame({"text": TEXTS}).to_csv(src, index=False, encoding=encoding)
+    out = tmp_path / "out.jsonl"
+    rc, _, err = run(capsys, "--model", tiny_model_dir, "--input", src, "--output", out)
+    assert rc == 0, err
+    got = read_jsonl(out)
+    assert [r["text"] for r in got] == TEXTS
+    assert [{k: r[k] for k in ("label", "probability", "probabilities")} for r in got] == reference.predict(TEXTS)
+    bare = tmp_path / "bare.csv"
+    bare.write_bytes(src.read_text(encoding=encoding).encode("utf-16-le"))
+    rc, _, err = run(capsys, "--model", tiny_model_dir, "--input", bare, "--output", tmp_path / "bare.jsonl")
+    assert rc != 0 and "UTF-16 text without a byte-order mark" in err and "iconv -f UTF-16LE" in err, err

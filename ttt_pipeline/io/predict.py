@@ -77,17 +77,19 @@ def _missing(value: Any) -> bool:
 # ---------------------------------------------------------------------- reading
 
 
-def _utf8(path: Path) -> None:
-    from ttt_pipeline.data.readers import _check_utf8
+def _encoding(path: Path) -> str:
+    """UTF-8, or the UTF-16 / UTF-32 a byte-order mark announces (a spreadsheet's "Unicode text" export), as the
+    pipeline's own data reader takes; anything else is refused with the conversion command."""
+    from ttt_pipeline.data.readers import text_encoding
 
-    _check_utf8(path)
+    return text_encoding(path)
 
 
 def _read_delimited(path: Path, sep: str, column: str) -> Rows:
-    _utf8(path)
+    encoding = _encoding(path)
     out = Rows()
     csv.field_size_limit(2**31 - 1)
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding=encoding, newline="") as f:
         reader = csv.reader(f, delimiter=sep, strict=True)  # an unclosed quote is an error, not one huge field
         prev = 0
         try:
@@ -117,9 +119,9 @@ def _read_delimited(path: Path, sep: str, column: str) -> Rows:
 
 
 def _read_jsonl(path: Path, column: str) -> Rows:
-    _utf8(path)
+    encoding = _encoding(path)
     out = Rows()
-    with open(path, encoding="utf-8-sig") as f:
+    with open(path, encoding=encoding) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -137,8 +139,7 @@ def _read_jsonl(path: Path, column: str) -> Rows:
 
 
 def _read_json(path: Path, column: str) -> Rows:
-    _utf8(path)
-    text = path.read_text(encoding="utf-8-sig")
+    text = path.read_text(encoding=_encoding(path))
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
@@ -177,9 +178,9 @@ def _read_parquet(path: Path, column: str) -> Rows:
 
 
 def _read_text(path: Path, column: str) -> Rows:
-    _utf8(path)
+    encoding = _encoding(path)
     out = Rows(columns=[column])
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding=encoding, newline="") as f:
         lines = f.read().splitlines()
     for lineno, line in enumerate(lines, 1):
         out.add(f"line {lineno}", {column: line}, line, column)
