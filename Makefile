@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip check
 	@touch $(STAMP)
 
+RUN_ARGS ?=
 run: setup
-	$(BIN)/ttt-pipeline run --config $(CONFIG)
+	$(BIN)/ttt-pipeline run --config $(CONFIG) $(RUN_ARGS)
 
 # Unit and end-to-end tests (offline, < 20 min on 2 cores, the demo preset's first run included). CI also runs
 # test-integration and test-browser.
