@@ -168,7 +168,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
 
 
 def _plots():
-    from ttt_pipeline import plots  # matplotlib is imported only when a run logs plots
+    from ttt_pipeline.io import plots  # matplotlib is imported only when a run logs plots
 
     return plots
 
