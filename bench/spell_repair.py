@@ -14,6 +14,20 @@ restored and are counted apart), then
 without a vocabulary and with the vocabulary of the reviews not evaluated (the training-set stand-in).
 
     .venv/bin/python bench/spell_repair.py [--n 400] [--severity 3] [--seed 42]
+    .venv/bin/python bench/spell_repair.py --pool train [--variants ...]
+
+`--pool train` is the check that chooses changes to the repair, and it never sees a review that
+bench/defenses.py scores or validates on: the first 700 reviews of that bench's training pool (MDSD
+electronics, its shuffle), corrupted by the tutorial composite with seed 1000 (the robust-training seed;
+never a test or validation seed), with the vocabulary of the pool's next 700 reviews. `--variants` scores
+candidate repairs side by side on it.
+
+Rule for adopting a change to `spell` (written 2026-11-23, before any candidate was measured): on the
+`--pool train` check, against the current repair with vocabulary, a change must raise `restored` by at least
+2 points, raise neither `intact_changed` nor `clean_changed` by more than 0.2 point, and keep the corrupted
+speed (fresh cache, with vocabulary) at 200 reviews/s or more. Passing changes are combined when the
+combination passes too; otherwise the one with the largest `restored` gain is taken. Whether the repaired
+model then wins back the drop is bench/defenses.py's question, answered on its validation split.
 
 The last stdout line is one JSON object.
 """
