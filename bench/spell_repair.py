@@ -25,7 +25,9 @@ candidate repairs side by side on it.
 Rule for adopting a change to `spell` (written 2026-11-23, before any candidate was measured): on the
 `--pool train` check, against the current repair with vocabulary, a change must raise `restored` by at least
 2 points, raise neither `intact_changed` nor `clean_changed` by more than 0.2 point, and keep the corrupted
-speed (fresh cache, with vocabulary) at 200 reviews/s or more. Passing changes are combined when the
+speed (fresh cache, with vocabulary) at 200 reviews/s or more; and, since a typo prior can favour one kind of
+edit, it must not lower `restored` on the keyboard family (adjacent-key substitutions, same reviews and seed)
+by more than 0.5 point (clause added before any candidate was measured). Passing changes are combined when the
 combination passes too; otherwise the one with the largest `restored` gain is taken. Whether the repaired
 model then wins back the drop is bench/defenses.py's question, answered on its validation split.
 
