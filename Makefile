@@ -35,11 +35,11 @@ test: setup
 test-all: test test-integration test-browser
 
 # ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
-# functions that fit on a screen (<= 80 lines) in the library, the tasks and the CLI.
+# functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows and the CLI.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python scripts/function_length.py ttt_pipeline tasks cli --max 80
+	$(BIN)/python scripts/function_length.py ttt_pipeline tasks flows cli --max 80
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)

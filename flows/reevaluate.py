@@ -190,6 +190,64 @@ def _change_line(now: dict, threshold: float, prev) -> str:
             + ("it does." if fired else "it does not."))
 
 
+def _check_labels(model: dict, data: dict) -> None:
+    """The champion must have been trained on the data's label set, in the same order."""
+    trained_on = json.loads((Path(model["path"]) / "model" / "labels.json").read_text())
+    scored_on = json.loads((Path(data["path"]) / "labels.json").read_text())
+    if list(trained_on.values()) != [scored_on[str(i)] for i in range(len(scored_on))]:
+        raise PipelineError(f"the champion's labels {list(trained_on.values())} differ from the data's "
+                            f"{list(scored_on.values())}", "pass the config (data section) the champion was trained with")
+
+
+def _score_suites(cfg, data: dict, model: dict, night_seed: int, reference_seed: int) -> tuple[dict, dict]:
+    """({suite: result rows}, {suite: predictions}) for tonight's suite (with clean) and the reference suite."""
+    results, preds = {}, {}
+    for suite, seed, with_clean in (("night", night_seed, True), ("ref", reference_seed, False)):
+        c = cfg.model_copy(deep=True)
+        c.corruption.seed = seed
+        corrupted, _ = _run(corrupt_task, c, data)
+        families = None if with_clean else list(c.corruption.families)
+        if c.execution.mode == "deployments":
+            shares = ([["clean"]] if with_clean else []) + [[fam] for fam in c.corruption.families]
+            outs, _ = evaluate_on_gpu(c, data, model, corrupted, shares)
+        else:
+            outs = [_run(evaluate_task, c, data, model, corrupted, families)[0]]
+        results[suite] = steps.load_results([steps.StepOutput(**o) for o in outs])["rows"]
+        preds[suite] = steps.read_predictions([steps.StepOutput(**o) for o in outs])
+    return results, preds
+
+
+def _against_previous(tracker: Tracker, prev, now: dict, ref_preds, threshold: float, cfg) -> dict | None:
+    """Adds the changes since the previous night to `now`; the paired check of the reference suite, if any."""
+    if prev is None:
+        return None
+    now["robust_acc_drop"] = prev.data.metrics["robust_acc_ref"] - now["robust_acc_ref"]
+    if "robust_acc_night" in prev.data.metrics and now["robust_acc_night"] is not None:
+        now["robust_acc_night_drop"] = prev.data.metrics["robust_acc_night"] - now["robust_acc_night"]
+    check = compare_nights(tracker, prev, ref_preds, threshold, cfg)
+    if check is not None:
+        now.update({"robust_acc_change": check["delta"], "robust_acc_change_ci_low": check["ci_low"],
+                    "robust_acc_change_ci_high": check["ci_high"], "robust_acc_change_p_mcnemar": check["p_mcnemar"]})
+    return check
+
+
+def _log_night(tracker: Tracker, run_id: str, cfg, params: dict, now: dict, results: dict, preds: dict,
+               check: dict | None, wall_s: float) -> None:
+    """Params, metrics, results and the reference predictions (tomorrow's paired comparison reads them)."""
+    tracker.params(run_id, {**params,
+                            **{f"corruption.{k}": v for k, v in cfg.corruption.model_dump(mode="json").items()
+                               if k != "seed"},
+                            **{f"ttt.{k}": v for k, v in cfg.ttt.model_dump(mode="json").items()}})
+    per_set = {f"{suite}/acc/{metric_name(r)}": r["acc"] for suite, rows in results.items() for r in rows}
+    tracker.metrics(run_id, {**now, **per_set, "wall_s": wall_s})
+    tracker.dict(run_id, results, "nightly_results.json")
+    if check is not None:
+        tracker.dict(run_id, check, "nightly_comparison.json")
+    with tempfile.TemporaryDirectory(prefix="ttt-nightly-") as tmp:
+        preds["ref"].to_parquet(Path(tmp) / REF_PREDICTIONS, index=False)
+        tracker.artifact(run_id, Path(tmp) / REF_PREDICTIONS)
+
+
 @flow(name="nightly-reevaluation", retries=0)
 def nightly_reevaluation(config: PipelineConfig = default_config(), threshold: float = 0.02,
                          reference_seed: int = 42, night: str | None = None) -> dict:
@@ -216,40 +274,14 @@ def nightly_reevaluation(config: PipelineConfig = default_config(), threshold: f
     store = open_store(cfg.store)
     model = fetch_champion(tracker, store, mv)
     data, _ = _run(download_task, cfg)
-    trained_on = json.loads((Path(model["path"]) / "model" / "labels.json").read_text())
-    scored_on = json.loads((Path(data["path"]) / "labels.json").read_text())
-    if list(trained_on.values()) != [scored_on[str(i)] for i in range(len(scored_on))]:
-        raise PipelineError(f"the champion's labels {list(trained_on.values())} differ from the data's "
-                            f"{list(scored_on.values())}", "pass the config (data section) the champion was trained with")
-
-    results, preds = {}, {}
-    for suite, seed, with_clean in (("night", night_seed, True), ("ref", reference_seed, False)):
-        c = cfg.model_copy(deep=True)
-        c.corruption.seed = seed
-        corrupted, _ = _run(corrupt_task, c, data)
-        families = None if with_clean else list(c.corruption.families)
-        if c.execution.mode == "deployments":
-            shares = ([["clean"]] if with_clean else []) + [[fam] for fam in c.corruption.families]
-            outs, _ = evaluate_on_gpu(c, data, model, corrupted, shares)
-        else:
-            outs = [_run(evaluate_task, c, data, model, corrupted, families)[0]]
-        results[suite] = steps.load_results([steps.StepOutput(**o) for o in outs])["rows"]
-        preds[suite] = steps.read_predictions([steps.StepOutput(**o) for o in outs])
-
+    _check_labels(model, data)
+    results, preds = _score_suites(cfg, data, model, night_seed, reference_seed)
     h_night, h_ref = headline(results["night"]), headline(results["ref"])
     now = {"acc_clean": h_night.get("acc_clean"), "acc_clean_ttt": h_night.get("acc_clean_ttt"),
            "acc_corrupted_night": h_night.get("acc_corrupted"), "robust_acc_night": h_night.get("acc_ttt"),
            "acc_corrupted_ref": h_ref.get("acc_corrupted"), "robust_acc_ref": h_ref.get("acc_ttt")}
     prev = previous_night(tracker, mv.name, night)
-    check = None
-    if prev is not None:
-        now["robust_acc_drop"] = prev.data.metrics["robust_acc_ref"] - now["robust_acc_ref"]
-        if "robust_acc_night" in prev.data.metrics and now["robust_acc_night"] is not None:
-            now["robust_acc_night_drop"] = prev.data.metrics["robust_acc_night"] - now["robust_acc_night"]
-        check = compare_nights(tracker, prev, preds["ref"], threshold, cfg)
-        if check is not None:
-            now.update({"robust_acc_change": check["delta"], "robust_acc_change_ci_low": check["ci_low"],
-                        "robust_acc_change_ci_high": check["ci_high"], "robust_acc_change_p_mcnemar": check["p_mcnemar"]})
+    check = _against_previous(tracker, prev, now, preds["ref"], threshold, cfg)
     regression = bool(check and check["regression"])
 
     run_id = tracker.start(f"nightly-{night}", tags={
@@ -257,18 +289,8 @@ def nightly_reevaluation(config: PipelineConfig = default_config(), threshold: f
         "model_alias": ALIAS, "model_source_run_id": mv.run_id or "", "model_source": mv.source or "",
         "prefect.flow_run_id": str(flow_run.get_id() or ""), "previous_run_id": prev.info.run_id if prev else "",
         "regression": str(regression).lower()})
-    tracker.params(run_id, {"night_seed": night_seed, "reference_seed": reference_seed, "threshold": threshold,
-                            **{f"corruption.{k}": v for k, v in cfg.corruption.model_dump(mode="json").items()
-                               if k != "seed"},
-                            **{f"ttt.{k}": v for k, v in cfg.ttt.model_dump(mode="json").items()}})
-    per_set = {f"{suite}/acc/{metric_name(r)}": r["acc"] for suite, rows in results.items() for r in rows}
-    tracker.metrics(run_id, {**now, **per_set, "wall_s": time.perf_counter() - t0})
-    tracker.dict(run_id, results, "nightly_results.json")
-    if check is not None:
-        tracker.dict(run_id, check, "nightly_comparison.json")
-    with tempfile.TemporaryDirectory(prefix="ttt-nightly-") as tmp:  # tomorrow's paired comparison reads these
-        preds["ref"].to_parquet(Path(tmp) / REF_PREDICTIONS, index=False)
-        tracker.artifact(run_id, Path(tmp) / REF_PREDICTIONS)
+    _log_night(tracker, run_id, cfg, {"night_seed": night_seed, "reference_seed": reference_seed,
+                                      "threshold": threshold}, now, results, preds, check, time.perf_counter() - t0)
     try:
         tracker.client.set_model_version_tag(mv.name, mv.version, "nightly.last_run_id", run_id)
         tracker.client.set_model_version_tag(mv.name, mv.version, "nightly.last_robust_acc_ref",

@@ -14,6 +14,15 @@ Only what is likely a typo is touched, so clean text passes through (almost) unc
 - the correction is the closest word (TOP verbosity, ties by frequency), re-cased like the input
   (BATTRY -> BATTERY, Graet -> Great); words of 2-3 letters only accept 1 edit (2 edits reach too much).
 
+Typo fixes beyond the closest word (`fixes`; DEFAULT_FIXES are the ones that passed bench/spell_repair.py's
+check on training reviews, docs/results.md): `undouble` (letters doubled by a sticky key, written once when that
+makes a known word: purchasseedd -> purchased), `case` (shift-key slips on a capitalised word: TThe -> The,
+hTese -> These; other mixed case is still left alone), `real_word` (a dictionary word rarer than 10^7 whose
+letters spell one 1,000x as frequent: rae -> are), `jumble_late` (inner letters shuffled, first and last kept,
+when no word is within the edit distance: nveagite -> negative). Kept as options, not on by default (they failed
+the check): `jumble` (the same before the closest-word lookup), `transposed` and `dropped` (typo priors for
+ties among equally close words: they cost keyboard typos more than they win).
+
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
 the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
 slang) at a high frequency, so they survive and their misspellings are repaired towards them.

@@ -53,13 +53,11 @@ def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max
     `settings` is a TTTConfig or TTTSettings (its `seed` is the mask seed); `repairs` are the method's text
     repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
     from ttt_pipeline.defenses import registry
-    from ttt_pipeline.defenses.base import TTTSettings, settings_from_config
 
     m = registry.parse(method)
-    engine_settings = settings if isinstance(settings, TTTSettings) else settings_from_config(settings)
     for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
         texts = fix(texts)
-    engine = registry.build_engine(m, model, tokenizer, engine_settings)
+    engine = registry.build_engine(m, model, tokenizer, settings)  # converts a TTTConfig to TTTSettings
     return predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
 
 
