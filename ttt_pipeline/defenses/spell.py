@@ -19,9 +19,8 @@ check on training reviews, docs/results.md): `undouble` (letters doubled by a st
 makes a known word: purchasseedd -> purchased), `case` (shift-key slips on a capitalised word: TThe -> The,
 hTese -> These; other mixed case is still left alone), `real_word` (a dictionary word rarer than 10^7 whose
 letters spell one 1,000x as frequent: rae -> are), `jumble_late` (inner letters shuffled, first and last kept,
-when no word is within the edit distance: nveagite -> negative). Kept as options, not on by default (they failed
-the check): `jumble` (the same before the closest-word lookup), `transposed` and `dropped` (typo priors for
-ties among equally close words: they cost keyboard typos more than they win).
+when no word is within the edit distance: nveagite -> negative). An option, not on by default (it failed the
+check: it costs keyboard typos): `jumble` (the same before the closest-word lookup).
 
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
 the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
@@ -51,9 +50,9 @@ _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "transposed", "dropped", "case", "real_word"})
-# The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); the
-# others are kept for that check's record (each alone, or with these, failed it).
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word"})
+# The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
+# (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
@@ -102,11 +101,6 @@ def _undoubled(word: str, limit: int = 4):
         yield "".join(c for i, c in enumerate(word) if i not in drop)
 
 
-def _is_subsequence(short: str, long: str) -> bool:
-    it = iter(long)
-    return all(c in it for c in short)
-
-
 @lru_cache(maxsize=4)
 def _bare_contractions(max_edit_distance: int) -> frozenset[str]:
     """Dictionary words with an apostrophe, written without it (dont, im, theyre)."""
@@ -125,6 +119,11 @@ def vocabulary_counts(texts: Iterable[str] | Mapping[str, int]) -> Counter:
     for text in texts:
         counts.update(t.lower() for t in _TOKEN.findall(text) if _CANDIDATE.fullmatch(t))
     return counts
+
+
+def _plain_case(word: str) -> bool:
+    """lower, UPPER or Capitalised: anything else is mixed case (iPod), a deliberate spelling."""
+    return word.islower() or word.isupper() or word[1:].islower()
 
 
 def _recase(word: str, fixed: str) -> str:
@@ -198,34 +197,19 @@ class SpellRepair:
         return None if best is None or best == low else best
 
     def _closest(self, word: str, limit: int) -> str | None:
-        """The closest dictionary word; among equally close ones the most frequent, unless a typo prior says
-        otherwise: `transposed` ranks words with the same letters first, `dropped` then words the input is a
-        subsequence of (letters left out)."""
-        verbosity = Verbosity.CLOSEST if self.fixes & {"transposed", "dropped"} else Verbosity.TOP
+        """The closest word of the dictionary and the training vocabulary; ties go to the more frequent."""
         found = [f for sym in (self._sym, self._extra) if sym is not None
-                 for f in sym.lookup(word, verbosity, max_edit_distance=limit)]
-        if not found:
-            return None
-        letters = _letters_key(word)
-
-        def rank(f):
-            prior = 2
-            if "transposed" in self.fixes and _letters_key(f.term) == letters:
-                prior = 0
-            elif "dropped" in self.fixes and _is_subsequence(word, f.term):
-                prior = 1
-            return (f.distance, prior, -f.count, f.term)
-
-        return min(found, key=rank).term
+                 for f in sym.lookup(word, Verbosity.TOP, max_edit_distance=limit)]
+        return min(found, key=lambda f: (f.distance, -f.count)).term if found else None
 
     def _word(self, match: re.Match) -> str:
         word = match.group(0)
         if not _CANDIDATE.fullmatch(word):
             return word
-        if not (word.islower() or word.isupper() or word[1:].islower()):
-            word = self._case_typo(word) if "case" in self.fixes else word
-            if not (word.islower() or word.isupper() or word[1:].islower()):
-                return word  # mixed case: a deliberate spelling (iPod, SanDisk)
+        if not _plain_case(word) and "case" in self.fixes:
+            word = self._case_typo(word)
+        if not _plain_case(word):
+            return word  # mixed case: a deliberate spelling (iPod, SanDisk)
         if word.isupper() and len(word) <= _ACRONYM_MAX:
             return word  # DVD, USB, HDMI: acronyms, which the dictionary lacks (it would make DID, US, HOME)
         low = word.lower()
