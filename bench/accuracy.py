@@ -71,13 +71,14 @@ def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
-def load_domain(name: str) -> tuple[list[str], list[int]]:
+def load_domain(name: str, seed: int = 42) -> tuple[list[str], list[int]]:
+    """One MDSD domain's reviews, shuffled with `seed` (42: the split every bench used until session 17)."""
     from ttt_pipeline.data.labels import canonical
     from ttt_pipeline.data.readers import read_mdsd_folder
 
     df = read_mdsd_folder(MDSD / name)
     rows = [(" ".join(t.split()), RATING[canonical(r)]) for t, r in zip(df["text"], df["rating"])]
-    random.Random(42).shuffle(rows)
+    random.Random(seed).shuffle(rows)
     return [t for t, _ in rows], [y for _, y in rows]
 
 

@@ -1,0 +1,64 @@
+"""bench/defenses.py's selection rule (version 2) and its validation sets, on made-up scores: no model, no data."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("defenses_bench", REPO / "bench" / "defenses.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def store(scores: dict[str, dict[str, tuple[float, float]]]) -> dict:
+    """val store from {defense: {set: (accuracy over 100 reviews, wall seconds)}}."""
+    out = {}
+    for d, sets in scores.items():
+        for s, (acc, wall) in sets.items():
+            correct = (np.arange(100) < round(acc * 100)).astype(float)
+            out[(d, s)] = [{"correct": correct, "wall": wall, "n": 100}]
+    return out
+
+
+def scores(clean: float, corrupted: float, wall: float = 1.0) -> dict:
+    return {"clean": (clean, wall), "tutorial-3": (corrupted, wall), "tutorial-3@8": (corrupted, wall)}
+
+
+def test_accuracy_alone_ranks_the_eligible_speed_only_bars(bench):
+    val = store({"none": scores(0.60, 0.50), "augment": scores(0.60, 0.56, wall=1.0),
+                 "augment+spell": scores(0.60, 0.57, wall=1.5), "masked_ttt": scores(0.60, 0.70, wall=20.0)})
+    chosen = bench.select_default(val, ["none", "augment", "augment+spell", "masked_ttt"], min_speed=50)
+    # one point better on validation wins though 50% slower (version 1's tie band gave it to the faster);
+    # masked_ttt is the most accurate but under the 50 reviews/s bar (100 reviews in 20 s)
+    assert chosen["name"] == "augment+spell"
+    assert chosen["eligible"] == ["augment", "augment+spell"]
+    assert chosen["validation"]["augment+spell"]["acc_corrupted"] == pytest.approx(0.57)
+
+
+def test_exact_ties_go_to_fewer_components_and_clean_loss_excludes(bench):
+    val = store({"none": scores(0.60, 0.50), "spell": scores(0.58, 0.60), "augment+spell": scores(0.60, 0.56),
+                 "augment": scores(0.595, 0.56, wall=2.0)})
+    chosen = bench.select_default(val, ["none", "spell", "augment+spell", "augment"], min_speed=50)
+    assert "spell" not in chosen["eligible"]  # 2 points under none's clean accuracy
+    assert chosen["name"] == "augment"  # tied with augment+spell: the one with fewer components
+
+
+def test_no_eligible_candidate_keeps_none(bench):
+    val = store({"none": scores(0.60, 0.50), "masked_ttt": scores(0.60, 0.55, wall=10.0)})
+    assert bench.select_default(val, ["none", "masked_ttt"], min_speed=50)["name"] == "none"
+
+
+def test_every_validation_seed_is_a_corrupted_set(bench):
+    seeds = [7, 8, 9]
+    keys = ["clean"] + [bench.val_key(f, s, seeds) for f in ("tutorial", "word_swap") for s in seeds]
+    assert keys[1:4] == ["tutorial-3", "tutorial-3@8", "tutorial-3@9"]
+    assert bench.corrupted_sets(dict.fromkeys(keys + ["kitchen"])) == keys[1:]
