@@ -153,3 +153,10 @@ def test_default_defense_must_be_one_of_the_scored_methods():
     assert load_config("demo", ["evaluation.default_defense=null"]).evaluation.default_defense is None
     demo = load_config("demo")
     assert demo.evaluation.default_defense in demo.ttt.methods
+
+
+@pytest.mark.parametrize("preset", ["demo", "mdsd-electronics", "mdsd-robustness", "amazon-electronics"])
+def test_every_preset_recommends_the_benchmarked_default_defense(preset):
+    """Issue 23: the presets use the default that bench/defenses.py's validation rule picked (session 17: spell)."""
+    cfg = load_config(preset)
+    assert cfg.evaluation.default_defense == "spell" and "spell" in cfg.ttt.methods
