@@ -30,6 +30,7 @@ Deterministic: no randomness; ties go to the more frequent word, then symspellpy
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from functools import lru_cache
@@ -41,6 +42,7 @@ from symspellpy import SymSpell, Verbosity
 __all__ = ["SpellRepair", "get_repair", "DICTIONARY"]
 
 DICTIONARY = "frequency_dictionary_en_82_765.txt"
+BIGRAMS = "frequency_bigramdictionary_en_243_342.txt"
 # Count given to training-vocabulary words: above ~90% of the dictionary (so a product name wins a tie with
 # a rare dictionary word) but far below function words (the: 2.3e10), which must keep winning their ties.
 EXTRA_COUNT = 10_000_000
@@ -50,13 +52,16 @@ _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word"})
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "context_reach",
+                   "context_real"})
 # The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
 _CACHE_LIMIT = 500_000  # per-instance word cache entries; cleared when full (bounded memory)
+REAL_WORD_PRIOR = 0.99  # context_real: prior that a dictionary word is the word meant (Mays et al. 1991's 0.99)
+REACH_PENALTY = 0.01  # context_reach: each edit beyond the closest candidates' costs this factor (a 1-in-100 prior)
 
 
 @lru_cache(maxsize=4)
@@ -67,6 +72,21 @@ def _base(max_edit_distance: int) -> SymSpell:
         if not sym.load_dictionary(str(path), term_index=0, count_index=1, encoding="utf-8"):
             raise FileNotFoundError(f"symspellpy dictionary {DICTIONARY} could not be loaded")
     return sym
+
+
+@lru_cache(maxsize=1)
+def _bigrams() -> tuple[dict[str, int], float, int]:
+    """symspellpy's shipped bigram counts ("w1 w2" -> count), the scale of bigram to unigram counts (their
+    totals' ratio: the two lists come from different corpora) and the smallest count listed (the list is cut
+    there, so a missing pair means "rarer than this", not "never")."""
+    counts: dict[str, int] = {}
+    with resources.as_file(resources.files("symspellpy") / BIGRAMS) as path:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                first, second, n = line.split()
+                counts[f"{first} {second}"] = int(n)
+    unigram_total = sum(_base(2).words.values())
+    return counts, sum(counts.values()) / unigram_total, min(counts.values())
 
 
 def _jumble_key(word: str) -> str:
@@ -161,7 +181,12 @@ class SpellRepair:
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
         self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
-        self._cache: dict[str, str | None] = {}
+        self._context = bool(self.fixes & {"context", "context_reach",
+                   "context_real"})
+        if self._context:
+            self._pairs, self._scale, self._floor = _bigrams()
+            self._total = sum(self._sym.words.values())
+        self._cache: dict[str, str | tuple | None] = {}
 
     def _known(self, word: str) -> bool:
         return word in self._sym.words or word in self.extra_words or word in self._keep_bare
@@ -180,7 +205,12 @@ class SpellRepair:
     def _correct(self, low: str) -> str | None:
         """Lower-case correction of a lower-case candidate, or None to keep it."""
         if self._known(low):
-            return self._real_word(low) if "real_word" in self.fixes else None
+            fixed = self._real_word(low) if "real_word" in self.fixes else None
+            if fixed is None and "context_real" in self.fixes and low not in self.extra_words and self._count(low):
+                others = [(f.term, f.distance, f.count) for f in self._sym.lookup(low, Verbosity.ALL, max_edit_distance=1)
+                          if f.term != low and f.term.isalpha()]
+                return ((low, 0, self._count(low)), *others) if others else None
+            return fixed
         squeezed = _TRIPLE.sub(r"\1\1", low)
         if squeezed != low and self._known(squeezed):
             return squeezed
@@ -191,7 +221,13 @@ class SpellRepair:
         if "jumble" in self.fixes and len(squeezed) >= 4 and _jumble_key(squeezed) in self._jumbles:
             return self._jumbles[_jumble_key(squeezed)]
         limit = 1 if len(squeezed) <= 3 else self.max_edit_distance
-        best = self._closest(squeezed, limit)
+        if self._context:
+            found = self._candidates(squeezed, limit)
+            if len(found) > 1:
+                return found  # ranked per occurrence, by its neighbours (_ranked)
+            best = found[0][0] if found else None
+        else:
+            best = self._closest(squeezed, limit)
         if best is None and "jumble_late" in self.fixes and len(squeezed) >= 4:
             best = self._jumbles.get(_jumble_key(squeezed))
         return None if best is None or best == low else best
@@ -202,7 +238,54 @@ class SpellRepair:
                  for f in sym.lookup(word, Verbosity.TOP, max_edit_distance=limit)]
         return min(found, key=lambda f: (f.distance, -f.count)).term if found else None
 
-    def _word(self, match: re.Match) -> str:
+    def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int, int], ...]:
+        """(term, distance, count) of the dictionary's and the training vocabulary's words within `limit`:
+        all of them (`context_reach`) or only the closest (`context`)."""
+        reach = "context_reach" in self.fixes
+        found = [(f.term, f.distance, f.count) for sym in (self._sym, self._extra) if sym is not None
+                 for f in sym.lookup(word, Verbosity.ALL if reach else Verbosity.CLOSEST, max_edit_distance=limit)]
+        if found and not reach:
+            nearest = min(d for _, d, _ in found)
+            found = [f for f in found if f[1] == nearest]
+        return tuple(found)
+
+    def _pair(self, first: str, second: str) -> float:
+        """Bigram count in the shipped list, else what independence predicts, capped at the list's cut."""
+        n = self._pairs.get(f"{first} {second}")
+        if n is not None:
+            return n
+        expected = self._scale * self._count(first) * self._count(second) / self._total
+        return max(min(expected, self._floor), 1.0)
+
+    def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
+        """The candidate most probable between its neighbours, P(w | before) P(after | w) (neighbours that are
+        not known words count as absent), times REACH_PENALTY per edit; ties: frequency, then lookup order.
+        Written here because symspellpy ranks by distance and frequency only (its compound lookup uses bigrams
+        but rewrites spacing and is too slow: module docstring)."""
+        real = found[0][1] == 0  # context_real: the word as written, then its dictionary neighbours
+        if real and not (before or after):
+            return found[0][0]
+        prior = [math.log(REAL_WORD_PRIOR)] + [math.log((1 - REAL_WORD_PRIOR) / (len(found) - 1))] * (len(found) - 1)
+
+        def score(item):
+            index, (term, distance, count) = item
+            if real:
+                distance = 0  # the prior above replaces the per-edit penalty
+            n = max(self._count(term), 1)
+            left = (math.log(self._pair(before, term)) - math.log(self._scale * self._count(before))
+                    if before else math.log(n / self._total))
+            right = math.log(self._pair(term, after)) - math.log(self._scale * n) if after else 0.0
+            return left + right + distance * math.log(REACH_PENALTY) + (prior[index] if real else 0.0), count, -index
+        return max(enumerate(found), key=score)[1][0]
+
+    def _neighbour(self, word: str | None) -> str | None:
+        """A context word for _ranked: a known word with a count, lower-cased, or None."""
+        if word is None:
+            return None
+        low = word.lower()
+        return low if self._count(low) > 0 else None
+
+    def _word(self, match: re.Match, before: str | None = None, after: str | None = None) -> str:
         word = match.group(0)
         if not _CANDIDATE.fullmatch(word):
             return word
@@ -219,6 +302,8 @@ class SpellRepair:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             fixed = self._cache[low] = self._correct(low)
+        if isinstance(fixed, tuple):
+            fixed = self._ranked(fixed, self._neighbour(before), self._neighbour(after))
         return word if fixed is None else _recase(word, fixed)
 
     def _case_typo(self, word: str) -> str:
@@ -234,7 +319,19 @@ class SpellRepair:
 
     def repair(self, text: str) -> str:
         """The text with its misspelled words replaced; everything else unchanged."""
-        return _TOKEN.sub(self._word, text)
+        if not self._context:
+            return _TOKEN.sub(self._word, text)
+        # Left to right, so a word's left neighbour is already repaired; neighbours count only across spaces.
+        matches = list(_TOKEN.finditer(text))
+        out, end, before = [], 0, None
+        for i, m in enumerate(matches):
+            gap = text[end:m.start()]
+            after = matches[i + 1].group(0) if i + 1 < len(matches) and text[m.end():matches[i + 1].start()].isspace() else None
+            fixed = self._word(m, before if gap.isspace() else None, after)
+            out += [gap, fixed]
+            end, before = m.end(), fixed
+        out.append(text[end:])
+        return "".join(out)
 
     def repair_all(self, texts: list[str]) -> list[str]:
         return [self.repair(t) for t in texts]
