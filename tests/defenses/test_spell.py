@@ -119,3 +119,25 @@ def test_fix_options_are_checked():
         SpellRepair(fixes=["undouble", "nope"])
     assert SpellRepair(fixes=["jumble"]).repair("hdnaest") == "handset"  # measured, not on by default
     assert SpellRepair().repair("hdnaest") == "honest"  # the default keeps the closest word first
+
+
+# --- context: equally close candidates ranked by their neighbours (symspellpy's bigram counts)
+@pytest.mark.parametrize("typo, fixed", [
+    ("I ahd a good time", "I had a good time"),  # frequency alone: "and"
+    ("I want to bu this", "I want to buy this"),  # "by"
+    ("ths is great", "this is great"),  # "the"
+    ("kidn of nice", "kind of nice"),  # "kids"
+    ("Tis is good", "This is good"),  # "Is", re-cased
+])
+def test_context_ranks_equally_close_words_by_their_neighbours(repair, typo, fixed):
+    assert repair.repair(typo) == fixed
+    assert SpellRepair(fixes=("undouble", "case", "real_word", "jumble_late")).repair(typo) != fixed
+
+
+def test_context_needs_neighbours_across_spaces_only(repair):
+    """Alone, or with punctuation between, a word has no neighbour: the most frequent candidate, as before."""
+    assert repair.repair("ahd") == "and"
+    assert repair.repair("I, ahd") == "I, and"
+    assert repair.repair("I ahd") == "I had"
+    text = "The battery is great, I use it daily and it has a good time."
+    assert repair.repair(text) == text  # clean text passes through unchanged

@@ -19,8 +19,10 @@ check on training reviews, docs/results.md): `undouble` (letters doubled by a st
 makes a known word: purchasseedd -> purchased), `case` (shift-key slips on a capitalised word: TThe -> The,
 hTese -> These; other mixed case is still left alone), `real_word` (a dictionary word rarer than 10^7 whose
 letters spell one 1,000x as frequent: rae -> are), `jumble_late` (inner letters shuffled, first and last kept,
-when no word is within the edit distance: nveagite -> negative). An option, not on by default (it failed the
-check: it costs keyboard typos): `jumble` (the same before the closest-word lookup).
+when no word is within the edit distance: nveagite -> negative), `context` (when several words are equally close,
+the one most probable between its neighbours by symspellpy's shipped bigram counts, instead of the most frequent:
+"I ahd" -> "I had", not "and"; without known neighbours it is the most frequent, as before). An option, not on by
+default (it failed the check: it costs keyboard typos): `jumble` (the same before the closest-word lookup).
 
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
 the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
@@ -52,16 +54,13 @@ _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "context_reach",
-                   "context_real"})
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context"})
 # The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
-DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late")
+DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
 _CACHE_LIMIT = 500_000  # per-instance word cache entries; cleared when full (bounded memory)
-REAL_WORD_PRIOR = 0.99  # context_real: prior that a dictionary word is the word meant (Mays et al. 1991's 0.99)
-REACH_PENALTY = 0.01  # context_reach: each edit beyond the closest candidates' costs this factor (a 1-in-100 prior)
 
 
 @lru_cache(maxsize=4)
@@ -181,8 +180,7 @@ class SpellRepair:
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
         self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
-        self._context = bool(self.fixes & {"context", "context_reach",
-                   "context_real"})
+        self._context = "context" in self.fixes
         if self._context:
             self._pairs, self._scale, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
@@ -205,12 +203,7 @@ class SpellRepair:
     def _correct(self, low: str) -> str | None:
         """Lower-case correction of a lower-case candidate, or None to keep it."""
         if self._known(low):
-            fixed = self._real_word(low) if "real_word" in self.fixes else None
-            if fixed is None and "context_real" in self.fixes and low not in self.extra_words and self._count(low):
-                others = [(f.term, f.distance, f.count) for f in self._sym.lookup(low, Verbosity.ALL, max_edit_distance=1)
-                          if f.term != low and f.term.isalpha()]
-                return ((low, 0, self._count(low)), *others) if others else None
-            return fixed
+            return self._real_word(low) if "real_word" in self.fixes else None
         squeezed = _TRIPLE.sub(r"\1\1", low)
         if squeezed != low and self._known(squeezed):
             return squeezed
@@ -238,16 +231,12 @@ class SpellRepair:
                  for f in sym.lookup(word, Verbosity.TOP, max_edit_distance=limit)]
         return min(found, key=lambda f: (f.distance, -f.count)).term if found else None
 
-    def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int, int], ...]:
-        """(term, distance, count) of the dictionary's and the training vocabulary's words within `limit`:
-        all of them (`context_reach`) or only the closest (`context`)."""
-        reach = "context_reach" in self.fixes
+    def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int], ...]:
+        """(term, count) of the closest words within `limit` of the dictionary and the training vocabulary."""
         found = [(f.term, f.distance, f.count) for sym in (self._sym, self._extra) if sym is not None
-                 for f in sym.lookup(word, Verbosity.ALL if reach else Verbosity.CLOSEST, max_edit_distance=limit)]
-        if found and not reach:
-            nearest = min(d for _, d, _ in found)
-            found = [f for f in found if f[1] == nearest]
-        return tuple(found)
+                 for f in sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
+        nearest = min((d for _, d, _ in found), default=0)
+        return tuple((term, count) for term, d, count in found if d == nearest)
 
     def _pair(self, first: str, second: str) -> float:
         """Bigram count in the shipped list, else what independence predicts, capped at the list's cut."""
@@ -259,23 +248,16 @@ class SpellRepair:
 
     def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
         """The candidate most probable between its neighbours, P(w | before) P(after | w) (neighbours that are
-        not known words count as absent), times REACH_PENALTY per edit; ties: frequency, then lookup order.
+        not known words count as absent); ties: frequency, then lookup order.
         Written here because symspellpy ranks by distance and frequency only (its compound lookup uses bigrams
         but rewrites spacing and is too slow: module docstring)."""
-        real = found[0][1] == 0  # context_real: the word as written, then its dictionary neighbours
-        if real and not (before or after):
-            return found[0][0]
-        prior = [math.log(REAL_WORD_PRIOR)] + [math.log((1 - REAL_WORD_PRIOR) / (len(found) - 1))] * (len(found) - 1)
-
         def score(item):
-            index, (term, distance, count) = item
-            if real:
-                distance = 0  # the prior above replaces the per-edit penalty
+            index, (term, count) = item
             n = max(self._count(term), 1)
             left = (math.log(self._pair(before, term)) - math.log(self._scale * self._count(before))
                     if before else math.log(n / self._total))
             right = math.log(self._pair(term, after)) - math.log(self._scale * n) if after else 0.0
-            return left + right + distance * math.log(REACH_PENALTY) + (prior[index] if real else 0.0), count, -index
+            return left + right, count, -index
         return max(enumerate(found), key=score)[1][0]
 
     def _neighbour(self, word: str | None) -> str | None:
