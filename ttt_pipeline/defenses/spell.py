@@ -74,18 +74,16 @@ def _base(max_edit_distance: int) -> SymSpell:
 
 
 @lru_cache(maxsize=1)
-def _bigrams() -> tuple[dict[str, int], float, int]:
-    """symspellpy's shipped bigram counts ("w1 w2" -> count), the scale of bigram to unigram counts (their
-    totals' ratio: the two lists come from different corpora) and the smallest count listed (the list is cut
-    there, so a missing pair means "rarer than this", not "never")."""
+def _bigrams() -> tuple[dict[str, int], int, int]:
+    """symspellpy's shipped bigram counts ("w1 w2" -> count), their total and the smallest count listed (the
+    list is cut there, so a missing pair means "rarer than this", not "never")."""
     counts: dict[str, int] = {}
     with resources.as_file(resources.files("symspellpy") / BIGRAMS) as path:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 first, second, n = line.split()
                 counts[f"{first} {second}"] = int(n)
-    unigram_total = sum(_base(2).words.values())
-    return counts, sum(counts.values()) / unigram_total, min(counts.values())
+    return counts, sum(counts.values()), min(counts.values())
 
 
 def _jumble_key(word: str) -> str:
@@ -182,8 +180,9 @@ class SpellRepair:
         self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
         self._context = "context" in self.fixes
         if self._context:
-            self._pairs, self._scale, self._floor = _bigrams()
+            self._pairs, pairs_total, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
+            self._scale = pairs_total / self._total  # bigram per unigram count: the lists come from different corpora
         self._cache: dict[str, str | tuple | None] = {}
 
     def _known(self, word: str) -> bool:
@@ -306,10 +305,10 @@ class SpellRepair:
         # Left to right, so a word's left neighbour is already repaired; neighbours count only across spaces.
         matches = list(_TOKEN.finditer(text))
         out, end, before = [], 0, None
-        for i, m in enumerate(matches):
+        for m, following in zip(matches, matches[1:] + [None]):
             gap = text[end:m.start()]
-            after = matches[i + 1].group(0) if i + 1 < len(matches) and text[m.end():matches[i + 1].start()].isspace() else None
-            fixed = self._word(m, before if gap.isspace() else None, after)
+            spaced = following is not None and text[m.end():following.start()].isspace()
+            fixed = self._word(m, before if gap.isspace() else None, following.group(0) if spaced else None)
             out += [gap, fixed]
             end, before = m.end(), fixed
         out.append(text[end:])
