@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["apply_tutorial", "stream_key", "TUTORIAL_CHAR_PROB", "TUTORIAL_WORD_PROB"]
+__all__ = ["apply_tutorial", "word_pass", "stream_key", "TUTORIAL_CHAR_PROB", "TUTORIAL_WORD_PROB"]
 
 TUTORIAL_CHAR_PROB = 0.1
 TUTORIAL_WORD_PROB = 0.1  # the tutorial evaluates with CorruptedDataset(char_prob=0.1, word_prob=0.1)
@@ -37,9 +37,9 @@ def stream_key(char_prob: float, word_prob: float) -> str:
     return f"p{float(char_prob)!r},{float(word_prob)!r}"
 
 
-def apply_tutorial(text: str, char_prob: float, word_prob: float,
-                   rng: random.Random) -> tuple[str, int, int]:
-    words = text.split()
+def word_pass(words: list[str], word_prob: float, rng: random.Random) -> list[tuple[int, str]]:
+    """Step 1: the words that survive, as (index in `words`, word after a possible shuffle).  Public so that
+    bench/repair_ceiling.py can tell the deleted words from the altered ones on the same random stream."""
     survivors: list[tuple[int, str]] = []
     for idx, word in enumerate(words):
         if rng.random() < word_prob:
@@ -50,7 +50,13 @@ def apply_tutorial(text: str, char_prob: float, word_prob: float,
                 rng.shuffle(middle)
                 word = word[0] + "".join(middle) + word[-1]
         survivors.append((idx, word))
+    return survivors
 
+
+def apply_tutorial(text: str, char_prob: float, word_prob: float,
+                   rng: random.Random) -> tuple[str, int, int]:
+    words = text.split()
+    survivors = word_pass(words, word_prob, rng)
     changed = len(words) - len(survivors)
     out: list[str] = []
     for idx, word in survivors:
