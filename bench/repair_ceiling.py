@@ -76,13 +76,11 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup-steps", type=int, default=400)
-    p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch: tests")
     args = p.parse_args()
     if not (MDSD / "electronics" / "positive.review").is_file():
+        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
         print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
         return
-    if args.quick:
-        args.seeds, args.epochs, args.train_size, args.val_size, args.val_seeds = args.seeds[:1], 1, 48, 16, [7]
     t0 = time.perf_counter()
     texts, labels = load_domain("electronics", args.split_seed)
     cut = int(0.8 * len(texts))
