@@ -250,11 +250,10 @@ class SpellRepair:
         not known words count as absent); ties: frequency, then lookup order.
         Written here because symspellpy ranks by distance and frequency only (its compound lookup uses bigrams
         but rewrites spacing and is too slow: module docstring)."""
-        def score(item):
+        def score(item):  # log P(w | before) + log P(after | w), without the terms all candidates share
             index, (term, count) = item
             n = max(self._count(term), 1)
-            left = (math.log(self._pair(before, term)) - math.log(self._scale * self._count(before))
-                    if before else math.log(n / self._total))
+            left = math.log(self._pair(before, term) if before else n)
             right = math.log(self._pair(term, after)) - math.log(self._scale * n) if after else 0.0
             return left + right, count, -index
         return max(enumerate(found), key=score)[1][0]
