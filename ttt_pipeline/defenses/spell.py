@@ -213,22 +213,13 @@ class SpellRepair:
         if "jumble" in self.fixes and len(squeezed) >= 4 and _jumble_key(squeezed) in self._jumbles:
             return self._jumbles[_jumble_key(squeezed)]
         limit = 1 if len(squeezed) <= 3 else self.max_edit_distance
-        if self._context:
-            found = self._candidates(squeezed, limit)
-            if len(found) > 1:
-                return found  # ranked per occurrence, by its neighbours (_ranked)
-            best = found[0][0] if found else None
-        else:
-            best = self._closest(squeezed, limit)
+        found = self._candidates(squeezed, limit)
+        if len(found) > 1 and self._context:
+            return found  # ranked per occurrence, by its neighbours (_ranked)
+        best = max(found, key=lambda f: f[1])[0] if found else None  # the most frequent; ties: lookup order
         if best is None and "jumble_late" in self.fixes and len(squeezed) >= 4:
             best = self._jumbles.get(_jumble_key(squeezed))
         return None if best is None or best == low else best
-
-    def _closest(self, word: str, limit: int) -> str | None:
-        """The closest word of the dictionary and the training vocabulary; ties go to the more frequent."""
-        found = [f for sym in (self._sym, self._extra) if sym is not None
-                 for f in sym.lookup(word, Verbosity.TOP, max_edit_distance=limit)]
-        return min(found, key=lambda f: (f.distance, -f.count)).term if found else None
 
     def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int], ...]:
         """(term, count) of the closest words within `limit` of the dictionary and the training vocabulary."""
@@ -265,7 +256,7 @@ class SpellRepair:
         low = word.lower()
         return low if self._count(low) > 0 else None
 
-    def _word(self, match: re.Match, before: str | None = None, after: str | None = None) -> str:
+    def _word(self, match: re.Match, before: str | None, after: str | None) -> str:
         word = match.group(0)
         if not _CANDIDATE.fullmatch(word):
             return word
@@ -299,8 +290,6 @@ class SpellRepair:
 
     def repair(self, text: str) -> str:
         """The text with its misspelled words replaced; everything else unchanged."""
-        if not self._context:
-            return _TOKEN.sub(self._word, text)
         # Left to right, so a word's left neighbour is already repaired; neighbours count only across spaces.
         matches = list(_TOKEN.finditer(text))
         out, end, before = [], 0, None
