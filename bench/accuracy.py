@@ -30,9 +30,9 @@ excludes 0. `mask_seeds` is null for the tutorial (one global-RNG draw per train
 carries the same objects for its own trained model (pooled over mask seeds only). Differences are fractions
 (0.05 = 5 points); the table prints the TTT gain in points with its interval and verdict.
 
-Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=bf16
+Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=auto
 mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls` unless told otherwise (the best measured:
-see README): the library defaults (two joint passes, fp32) are not the fast path. Prints a table;
+see README; precision auto: bf16 where the CPU runs it natively, fp32 elsewhere). Prints a table;
 with --json the last stdout line is one JSON object. Run: `python bench/accuracy.py --json` (all three modes: about
 three hours on 2 cores; `--modes joint`: 95 min, measured 2026-11-22 with one mask seed: the default three
 triple our TTT's share of that time, `--mask-seeds 1` restores it) or `--quick`.
@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
+from ttt_pipeline.modeling.precision import machine_summary  # noqa: E402
 
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
@@ -441,10 +442,10 @@ def main() -> None:
     p.add_argument("--shift-size", type=int, default=400)
     p.add_argument("--ttt", nargs="*", default=[], metavar="KEY=VALUE", help="our TTT settings (TTTConfig fields)")
     p.add_argument("--finetune", nargs="*",
-                   default=["joint_passes=1", "precision=bf16", "mlm_weight=0.5", "weighted_sampler=false"],
+                   default=["joint_passes=1", "precision=auto", "mlm_weight=0.5", "weighted_sampler=false"],
                    metavar="KEY=VALUE",
                    help="our fine-tuning settings (FinetuneConfig fields; epochs/alignment/seed come from the bench). "
-                        "Default: the best measured (one joint pass, bf16 autocast: pays on CPUs with AVX512-BF16/AMX; "
+                        "Default: the best measured (one joint pass, the machine's precision: bf16 where native; "
                         "MLM weight 0.5; imbalance handled by the class-weighted loss alone, no weighted sampler). "
                         "Pass `--finetune` alone for the library defaults.")
     p.add_argument("--model", nargs="*", default=["pooling=cls"], metavar="KEY=VALUE",
@@ -551,7 +552,7 @@ def main() -> None:
                      "model": model_overrides, "threads": args.threads, "quick": args.quick,
                      "unlabeled_texts": len(unlabeled), "selection_texts": len(sel_texts),
                      "select_ttt": args.select_ttt, "ttt_alternatives": alternatives, "mask_seeds": mask_seeds},
-        "wall_s": time.perf_counter() - t_all,
+        "wall_s": time.perf_counter() - t_all, "machine": machine_summary(),
     }
     print(json.dumps(summary, default=float))
 

@@ -11,7 +11,7 @@ Sets, all at severity 3: clean; the tutorial composite (`tutorial-3`), one chara
 keyboard) and one word family (`--word-family`, word_swap) of the grid, corrupted with `--test-seed` (42); the
 validation split corrupted by the same three families once per `--val-seeds` (7 8 9); kitchen and books.
 
-Models, per training seed (42, 43, 44): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, bf16,
+Models, per training seed (42, 43, 44): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, precision auto,
 class-weighted loss, no weighted sampler, [CLS] pooling, 4 epochs, as bench/accuracy.py), and the same recipe with
 robust training (`finetune.augment`: a copy of half the training reviews corrupted by one of `--augment-families`,
 tutorial and keyboard, at severity 3 with seed 1000, disjoint from the test seed 42 and the validation seed 7).
@@ -157,7 +157,7 @@ def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bo
         aug = augment_texts(texts, labels, args.augment_families, [3], args.augment_share, args.augment_seed)
         texts, labels, summary = aug.texts, aug.labels, aug.summary()
     ds = lengths_dataset(tok, texts, args.max_length, label=labels)
-    cfg = FinetuneConfig(mlm_warmup_max_steps=args.warmup_steps, joint_passes=1, precision="bf16", mlm_weight=0.5,
+    cfg = FinetuneConfig(mlm_warmup_max_steps=args.warmup_steps, joint_passes=1, precision="auto", mlm_weight=0.5,
                          weighted_sampler=False, epochs=args.epochs, alignment="joint", seed=seed,
                          early_stopping_patience=0)
     work = REPO / ".cache" / "bench-defenses" / f"{'augment' if augment else 'plain'}-{seed}-{os.getpid()}"
@@ -456,6 +456,9 @@ def main() -> None:
                        "ttt_candidates": candidates, "min_speed": args.min_speed, "threads": args.threads,
                        "quick": args.quick}
     out["wall_s"] = time.perf_counter() - t_all
+    from ttt_pipeline.modeling.precision import machine_summary
+
+    out["machine"] = machine_summary()  # timings above are of this CPU kind
     print(table(out["rows"]), file=sys.stderr)
     for key in ("ttt_vs_control", "ttt_on_top_of_spell"):
         if out.get(key):

@@ -83,18 +83,20 @@ def start_prefect_server() -> None:
 
 def cmd_run(args) -> int:
     from cli.console import setup_run_logging, summary_table, ui_lines
+    from cli.stopping import StopOnSignal
     from ttt_pipeline.config import load_config
 
     cfg = _absolute(load_config(args.config, args.set))
     _env_defaults(Path(cfg.store))
     setup_run_logging()  # stage lines and progress; Prefect's per-task "Finished in state" lines are dropped
-    _say(f"checking the configuration, the data ({cfg.data.path}), the tokenizer and MLflow")
-    download_built = preflight(cfg)
-    _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
-    start_prefect_server()
-    from flows.pipeline import ttt_pipeline
+    with StopOnSignal(cfg):  # Ctrl-C / SIGTERM: one line (what the store keeps, how to resume), exit in seconds
+        _say(f"checking the configuration, the data ({cfg.data.path}), the tokenizer and MLflow")
+        download_built = preflight(cfg)
+        _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
+        start_prefect_server()
+        from flows.pipeline import ttt_pipeline
 
-    summary = ttt_pipeline(config=cfg)
+        summary = ttt_pipeline(config=cfg)
     from ttt_pipeline.io.report import run_link
 
     # the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every difference

@@ -14,6 +14,10 @@ from netutil import free_port, listening  # noqa: F401  (re-exported for older i
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `precision: auto` resolves per CPU (bf16 only where it is native). The suite, and every process it starts,
+# takes the answer of a CPU without native bf16, so it computes the same numbers on every machine;
+# tests/test_precision.py covers both answers and the real probe.
+os.environ["TTT_CPU_NATIVE_BF16"] = "0"
 # Every test names its tracking URI in its config; a shell pointed at a server (`source .run/env` exports
 # MLFLOW_TRACKING_URI) must not send the tests' runs there.
 for _var in ("TTT_TRACKING_URI", "MLFLOW_TRACKING_URI"):

@@ -98,7 +98,7 @@ def test_defaults_are_the_measured_recipe_on_the_demo_data():
     for key in recipe:
         assert getattr(cfg.finetune, key) == getattr(measured.finetune, key) == getattr(demo.finetune, key), key
     assert (cfg.finetune.alignment, cfg.finetune.joint_passes, cfg.finetune.weighted_sampler,
-            cfg.finetune.precision) == ("joint", 1, False, "bf16")
+            cfg.finetune.precision) == ("joint", 1, False, "auto")
     assert cfg.model.pooling == measured.model.pooling == "cls"
     assert demo.model.pooling == "mean"  # the polarity demo's choice on its validation reviews (configs/demo.yaml)
     # the default data section reads the demo's reviews and rating column; the demo preset maps them to polarity

@@ -96,8 +96,8 @@ def test_autocast_precision_per_device():
     from ttt_pipeline.modeling.model import autocast_dtype
 
     cpu = torch.device("cpu")
-    assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # CPU figures stay fp32
-    assert autocast_dtype(cpu, "bf16") is torch.bfloat16  # opt-in: pays on CPUs with native bf16
+    assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # no native bf16 (conftest)
+    assert autocast_dtype(cpu, "bf16") is torch.bfloat16  # forced: honoured, with a warning
     with pytest.raises(ConfigError, match="finetune.precision=fp16 needs a CUDA device"):
         autocast_dtype(cpu, "fp16")  # device auto on a CPU-only machine: refused before any training
     with pytest.raises(ValidationError, match="precision fp16 needs device cuda"):

@@ -179,8 +179,9 @@ class FinetuneConfig(Section):
         "at 1.0 cost 5.75 points of clean accuracy on MDSD electronics (bench/accuracy.py, frozen, seed 42).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available, else CPU.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "bf16", description="auto: bf16/fp16 autocast on CUDA, fp32 on CPU; bf16 also autocasts on CPU "
-        "(pays on CPUs with native bf16: AVX512-BF16 or AMX; use fp32 on others).")
+        "auto", description="auto: bf16 autocast on CUDA (fp16 without bf16) and on CPUs with native bf16 "
+        "(AVX512-BF16, AMX), fp32 on other CPUs, where bf16 is emulated and 10-18x slower; the run records the "
+        "choice and why. fp32/bf16/fp16 force one (fp16: CUDA only).")
     compile: bool = Field(False, description="torch.compile the model before training.")
     augment: AugmentConfig | None = Field(
         None, description="Robust training: also train on seeded, suite-corrupted copies of a share of the training "
@@ -262,8 +263,8 @@ class TTTConfig(Section):
         "reviews).")
     score_clean: bool = Field(True, description="Also score TTT on clean text (its cost on clean accuracy).")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on CPU too (faster on "
-        "CPUs with native bf16, logits within ~1e-2 of fp32).")
+        "auto", description="auto: bf16 autocast on CUDA and on CPUs with native bf16 (logits within ~1e-2 of "
+        "fp32), fp32 on other CPUs; fp32/bf16 force one.")
 
     @field_validator("methods")
     @classmethod

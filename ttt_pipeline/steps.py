@@ -8,6 +8,7 @@ Prefect and no MLflow here: `tasks/` adds orchestration and tracking around thes
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -18,13 +19,23 @@ from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.version import __version__
 
 Progress = Callable[[str, int, int, dict], None]
+log = logging.getLogger(__name__)
 VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "2"}
-# Settings that do not change a CPU run's results. `precision` is not one: bf16 autocasts on CPU too.
+# Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
+# to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 DEVICE_ONLY = {"device", "num_workers", "compile"}
 
 
 def _v(step: str) -> str:
     return f"{__version__}-{VERSIONS[step]}"
+
+
+def resolved_precision(device: str, precision: str, field: str):
+    """What `precision` means on this machine (modeling/precision.py), for cache keys and run metadata."""
+    from ttt_pipeline.modeling.model import pick_device
+    from ttt_pipeline.modeling.precision import resolve_precision
+
+    return resolve_precision(pick_device(device), precision, field)
 
 
 def stored(step: str, inputs: dict, store: StepStore) -> StepOutput | None:
@@ -72,6 +83,7 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items()
           if k not in DEVICE_ONLY and not (k == "augment" and v is None)}  # off: the keys of before it existed
+    ft["precision"] = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision").name
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
         from ttt_pipeline.data.sources import source_fingerprint
@@ -136,6 +148,8 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
             return model, tokenizer, train(model, tokenizer, train_ds, ds["validation"] if "validation" in ds
                                            else None, ft, wd, progress, unlabeled)
 
+        chosen = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
+        log.info("fine-tuning precision %s: %s", chosen.name, chosen.reason)
         (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
         save_model(model.cpu(), tokenizer, tmp / "model")
         history = {"epochs": result.history, "mlm_warmup": result.warmup_curve, "dapt": result.dapt_curve}
@@ -148,6 +162,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 "mlm_warmup_final_loss": (sum(result.warmup_curve[-10:]) / len(result.warmup_curve[-10:])
                                           if result.warmup_curve else None),
                 "final": result.history[-1] if result.history else {}, **oom,
+                "precision": chosen.name, "precision_reason": chosen.reason,
                 **({"augment": augmented} if augmented else {})}
 
     out = store.run("finetune", inputs, build, _v("finetune"))
@@ -213,9 +228,15 @@ def evaluate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput
     sets_meta = corrupt_out.meta["sets"]
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
     return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest, "sets": chosen,
-            "clean": families is None or "clean" in families, "ttt": cfg.ttt.model_dump(mode="json"),
+            "clean": families is None or "clean" in families, "ttt": _ttt_key(cfg),
             "evaluation": cfg.evaluation.model_dump(mode="json", exclude={"reference", "default_defense"}),
             "max_length": cfg.model.max_length}
+
+
+def _ttt_key(cfg: PipelineConfig) -> dict:
+    ttt = cfg.ttt.model_dump(mode="json")
+    ttt["precision"] = resolved_precision(cfg.finetune.device, cfg.ttt.precision, "ttt.precision").name
+    return ttt
 
 
 def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
@@ -443,3 +464,37 @@ def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corr
 
 def load_attribution(out: StepOutput) -> dict:
     return json.loads((Path(out.path) / "attribution.json").read_text())
+
+
+def kept(cfg: PipelineConfig, store: StepStore) -> list[str]:
+    """What the store holds for this config, in pipeline order: each finished step, and an interrupted
+    fine-tune's last checkpoint, so that a stopped run can say what the same command will resume from."""
+    data = stored("download", download_inputs(cfg), store)
+    if data is None:
+        return []
+    out = ["download"]
+    tokens = stored("tokenise", tokenise_inputs(cfg, data), store)
+    model = None
+    if tokens is not None:
+        out.append("tokenise")
+        inputs = finetune_inputs(cfg, tokens, data)
+        model = stored("finetune", inputs, store)
+        epochs = _checkpoint_epochs(store.root / "finetune" / f"{StepStore.key('finetune', inputs, _v('finetune'))}"
+                                    ".work")
+        if model is not None:
+            out.append("fine-tune")
+        elif epochs:
+            out.append(f"fine-tune's checkpoint after epoch {epochs} of {cfg.finetune.epochs}")
+    corrupted = stored("corrupt", corrupt_inputs(cfg, data), store)
+    if corrupted is not None:
+        out.append("corrupt")
+        if model is not None and stored("evaluate", evaluate_inputs(cfg, data, model, corrupted), store):
+            out.append("evaluate")
+    return out
+
+
+def _checkpoint_epochs(work: Path) -> int:
+    try:
+        return len(json.loads((work / "state.json").read_text())["history"]) if (work / "last.pt").is_file() else 0
+    except (OSError, ValueError, KeyError):
+        return 0

@@ -147,3 +147,41 @@ def test_damaged_file_in_a_real_finetune_entry_is_rebuilt_not_used(tmp_path, tin
     assert {n: file_digest(Path(second.path) / "model" / n) for n in good} == good
     assert steps.stored("finetune", inputs, store).digest == second.digest
     assert not [p for p in (Path(cfg.store) / "finetune").iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_sigterm_mid_finetune_ends_within_10_s_with_one_line_then_the_same_command_resumes(tmp_path, tiny_bert_dir):
+    """The measured failure: after SIGTERM the flow was marked Crashed and the process lived on for 40 s printing
+    websocket errors of the stopped temporary Prefect server. The signal goes to the whole group, as Ctrl-C and
+    `timeout` send it, so the server stops too."""
+    cfg = tiny_config(tmp_path, tiny_bert_dir, **RESUMABLE)
+    config = write_config(tmp_path, cfg)
+    with open(tmp_path / "first.out", "w") as out, open(tmp_path / "first.err", "w") as err:
+        proc = subprocess.Popen(cli_args(config, "--json"), stdout=out, stderr=err, env=cli_env(tmp_path), cwd=REPO,
+                                start_new_session=True)
+        try:
+            _wait_for_epoch(tmp_path / "store", proc, timeout=480)
+            t0 = time.monotonic()
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+            elapsed = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+    stderr = (tmp_path / "first.err").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM and elapsed <= 10, (elapsed, stderr[-2000:])
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped (SIGTERM): the store (") and last.endswith("run the same command again to resume")
+    assert "download, tokenise, fine-tune's checkpoint after epoch" in last and "of 3" in last, last
+    assert "Traceback" not in stderr
+    with pytest.raises(ProcessLookupError):  # nothing of the run is left: no server, no loader worker
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)
+            time.sleep(0.2)
+
+    second = run_cli(tmp_path, cfg, "--json", timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.summary["cached"]["download"] is True and second.summary["cached"]["fine-tune"] is False
+    meta = json.loads((_finetune_entry(tmp_path / "store") / MANIFEST).read_text())["meta"]
+    assert meta["resumed_from_epoch"] >= 1 and meta["epochs_run"] == 3

@@ -415,7 +415,7 @@ def test_build_engine_from_config(env):
 @pytest.mark.parametrize("precision, dtype", [("auto", torch.float32), ("fp32", torch.float32),
                                               ("bf16", torch.bfloat16)])
 def test_precision_sets_the_cpu_compute_dtype(env, precision, dtype):
-    """auto and fp32 keep CPU in float32 (parity); bf16 autocasts both the adapt and the prediction passes,
+    """auto (on a CPU without native bf16, pinned by conftest) and fp32 keep float32 (parity); bf16 autocasts both the adapt and the prediction passes,
     gives logits close to fp32 and still restores the source weights bit for bit."""
     model, tok = env
     seen = []

@@ -9,9 +9,9 @@
   of model or inputs;
 - trailing padding columns are dropped, per-sample units run without padding, and optionally a unit runs
   in length-sorted sub-batches with accumulated gradients (`sub_batch_tokens`, same loss and step);
-- no-grad work runs under `torch.inference_mode`; `precision` auto autocasts to bf16 on CUDA and keeps CPU
-  in fp32 (the parity setting); bf16 also autocasts on CPU (about 1.6x faster on a CPU with native bf16,
-  with logits within about 1e-2 of fp32).
+- no-grad work runs under `torch.inference_mode`; `precision` auto autocasts to bf16 on CUDA and on CPUs
+  with native bf16 (about 1.6x faster there, logits within about 1e-2 of fp32) and keeps other CPUs in fp32
+  (modeling/precision.py); fp32 is the parity setting.
 
 Masks are reproducible without any global RNG: each row's Bernoulli draws come from a generator seeded by
 (seed, a stable hash of the row's own non-padding token ids, the draw index). A review therefore gets the
@@ -241,8 +241,8 @@ class EpisodicEngine:
         self.flat = FlatParams(self.params)
         self.opt = make_optimizer(self.flat.flat, settings.optimizer, lr)
         self.device = self.params[0].device
-        # auto: bf16 on CUDA (fp16 where bf16 is unsupported), none on CPU; bf16: any device; fp32: none
-        self.amp = autocast_dtype(self.device, settings.precision)
+        # auto: bf16 on CUDA (fp16 where bf16 is unsupported) and on CPUs with native bf16; fp32: none
+        self.amp = autocast_dtype(self.device, settings.precision, "ttt.precision")
         sub = settings.sub_batch_tokens
         self.sub_batch_tokens = 0 if sub is None else int(sub)
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,

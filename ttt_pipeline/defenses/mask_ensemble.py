@@ -49,7 +49,7 @@ class MaskEnsemble:
             raise ValueError(f"copies must be >= 1, got {self.copies}")
         self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
         self.device = next(model.parameters()).device
-        self.amp = autocast_dtype(self.device, settings.precision)
+        self.amp = autocast_dtype(self.device, settings.precision, "ttt.precision")
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else nullcontext()

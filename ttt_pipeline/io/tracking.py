@@ -70,6 +70,23 @@ def resolve_uri(uri: str) -> str:
     return uri
 
 
+_OPEN: dict[str, Any] = {}  # run id -> client, for the runs this process started and has not ended
+
+
+def end_open_runs(status: str = "KILLED") -> list[str]:
+    """Mark every run this process left open (children first) as `status`, once, without retries: what a
+    stopped process does in its last second, so that MLflow does not show the run as running forever."""
+    ended = []
+    for run_id, client in reversed(list(_OPEN.items())):
+        try:
+            client.set_terminated(run_id, status)
+            ended.append(run_id)
+        except Exception:  # noqa: BLE001 - best effort on the way out; the store is what resumes
+            pass
+        _OPEN.pop(run_id, None)
+    return ended
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str = "mlruns"):
         from mlflow.tracking import MlflowClient
@@ -135,10 +152,12 @@ class Tracker:
         if parent:
             tags["mlflow.parentRunId"] = parent
         run = retry(lambda: self.client.create_run(self.experiment_id, tags=tags, run_name=name), "create_run")
+        _OPEN[run.info.run_id] = self.client
         return run.info.run_id
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         retry(lambda: self.client.set_terminated(run_id, status), "set_terminated")
+        _OPEN.pop(run_id, None)
 
     def params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param

