@@ -56,11 +56,17 @@ class StopOnSignal:
         self._previous: dict = {}
 
     def __enter__(self) -> "StopOnSignal":
+        from flows import stopping
+
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+            stopping.register(self._handle)  # the flow body takes SIGTERM back from Prefect's engine
         return self
 
     def __exit__(self, *exc) -> None:
+        from flows import stopping
+
+        stopping.register(None)
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 

@@ -8,6 +8,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from flows.stopping import reclaim
 from tasks import (
     attribute_task,
     corrupt_task,
@@ -49,6 +50,7 @@ def _run(task_fn, *args, **kwargs):
 @flow(name="ttt-pipeline")
 def ttt_pipeline(config: PipelineConfig = default_config()) -> dict:
     """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT."""
+    reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
     cfg = config
     logger = get_run_logger()
