@@ -146,3 +146,34 @@ def ui_lines(tracking_uri: str, run_url: str | None = None) -> str:
     rows = ui_commands(tracking_uri, run_url)
     width = max(len(c) for _, c, _ in rows)
     return "\n".join(f"  {name + ':':<8} {cmd:<{width}}  then open {url}" for name, cmd, url in rows)
+
+
+def _change(d: dict | None) -> str:
+    if not d:
+        return "-"
+    return f"{100 * d['delta']:+.2f} points [{100 * d['ci_low']:+.2f}, {100 * d['ci_high']:+.2f}]"
+
+
+def nightly_lines(s: dict) -> str:
+    """What `ttt-pipeline reevaluate` prints: the verdict, the changes with their intervals, the alarm's power."""
+    if s["verdict"] == "no_champion":
+        return f"verdict: no_champion ({s['model_name']}: nothing was re-evaluated)"
+    lines = [f"verdict: {s['verdict']}  ({s['model_name']} v{s['model_version']}, defense {s['defense']}, "
+             f"night {s['night']})",
+             f"robust accuracy (reference suite, {s['defense']}): {s['robust_acc_ref']:.3f}"]
+    ref = s.get("reference")
+    lines.append(f"change against {ref['against']}: {_change(ref)}" if ref else
+                 "change: no paired baseline yet (no previous night, no stored predictions of the champion's run)")
+    mdd = s.get("min_detectable_drop")
+    n = s.get("reference_n")
+    lines.append(f"alarm power: {n} reviews detect a drop of at least {100 * mdd:.1f} points below "
+                 f"-{100 * s['threshold']:.1f} (80% power); smaller regressions pass unseen" if mdd is not None else
+                 f"alarm power: {n} reviews cannot detect any drop at this threshold")
+    new = s.get("new_data")
+    if new:
+        d = new["drift"]
+        lines.append(f"new data ({new['n']} reviews): accuracy {new['acc']:.3f} vs test {new['acc_reference']:.3f}, "
+                     f"change {_change(new)}; words unseen in training {d['unseen_word_share']['new']:.3f} "
+                     f"(test {d['unseen_word_share']['test']:.3f}); mean words {d['mean_words']['new']:.1f} "
+                     f"(training {d['mean_words']['train']:.1f}); label-share shift {d['label_share_shift']:.3f}")
+    return "\n".join(lines)

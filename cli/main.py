@@ -120,6 +120,38 @@ def _say(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
 
 
+EXIT_REGRESSION = 3
+
+
+def cmd_reevaluate(args) -> int:
+    """The nightly re-evaluation now: the same flow as the `nightly-reevaluation` deployment. Exit 0 when the
+    champion holds up, 3 on a regression, 2 when there is no champion yet (with `error:` and `hint:`)."""
+    from cli.console import nightly_lines, setup_run_logging
+    from ttt_pipeline.config import load_config
+
+    cfg = _absolute(load_config(args.config, args.set))
+    _env_defaults(Path(cfg.store))
+    setup_run_logging()
+    _say(f"re-evaluating the champion of {cfg.data.path} under {cfg.evaluation.defense}")
+    start_prefect_server()
+    from flows.reevaluate import nightly_reevaluation
+
+    kwargs = {"threshold": args.threshold, "reference_seed": args.reference_seed, "night": args.night}
+    state = nightly_reevaluation(config=cfg, return_state=True, **kwargs)
+    summary = state.result(raise_on_failure=False)
+    if isinstance(summary, BaseException):  # a crash, not an outcome: reported as any other error
+        raise summary
+    print("\n" + nightly_lines(summary))
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(summary, default=str))
+    if summary["verdict"] == "no_champion":
+        sys.stdout.flush()
+        print(f"error: {summary['message']}\nhint: {summary['hint']}", file=sys.stderr)
+        return EXIT_USER
+    return EXIT_REGRESSION if summary["verdict"] == "regression" else 0
+
+
 def cmd_config(args) -> int:
     from ttt_pipeline.config import PipelineConfig, dump_yaml, load_config
 
@@ -149,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: without it the subcommand's default (False) overwrites a `ttt-pipeline --debug run`
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     r.set_defaults(fn=cmd_run)
+
+    n = sub.add_parser("reevaluate", help="re-evaluate the registered champion now (the nightly flow): verdict "
+                       "ok / regression / no_champion")
+    n.add_argument("--config", default="demo", help="YAML file or preset name: the champion's task (default: demo)")
+    n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. nightly.data_path=new/reviews.jsonl")
+    n.add_argument("--threshold", type=float, default=0.02, help="the alarm's threshold (accuracy fraction)")
+    n.add_argument("--reference-seed", type=int, default=42, help="seed of the fixed reference suite")
+    n.add_argument("--night", default=None, help="the night's date YYYY-MM-DD (default: today)")
+    n.add_argument("--json", action="store_true", help="print the outcome as one JSON object on the last line")
+    n.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    n.set_defaults(fn=cmd_reevaluate)
 
     c = sub.add_parser("config", help="print the resolved configuration (or its JSON schema)")
     c.add_argument("--config", default=None)

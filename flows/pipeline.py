@@ -101,19 +101,24 @@ def ttt_pipeline(config: PipelineConfig = default_config()) -> dict:
     tracker.metrics(parent, {**head, **logged["flat"], "cached_tasks": summary["cached_tasks"],
                              "wall_s": summary["wall_s"]})
     tracker.tags(parent, {f"cache_hit.{k}": str(v).lower() for k, v in cached.items()})
-    summary["registry"] = None
+    summary["registry"] = summary["champion"] = None
+    summary["default_defense"] = cfg.evaluation.defense
     if cfg.registry.enabled:  # register the model; alias `champion` when it wins on cfg.registry.metric
         try:
-            summary["registry"] = register_task(cfg, parent, head)
+            summary["registry"] = register_task(cfg, parent, head, data["meta"]["label_names"])
         except BaseException:
             tracker.end(parent, "FAILED")
             raise
     tracker.end(parent)
+    if summary["registry"]:
+        reg = summary["registry"]
+        summary["champion"] = {"model_name": reg["model_name"], "metric": reg["metric"],
+                               "value": reg["candidate_value"], "alias_moved": reg["decision"] == "promoted"}
     create_markdown_artifact(headline_markdown(summary, tracker), key="ttt-pipeline-summary",
-                             description="Clean / corrupted / TTT accuracy of this run")
-    logger.info("clean %.3f | corrupted %.3f | TTT %.3f | TTT gain %s | cached tasks %d/%d",
+                             description=f"Clean / corrupted / {cfg.evaluation.defense} accuracy of this run")
+    logger.info("clean %.3f | corrupted %.3f | %s (default defense) %.3f, gain %s | cached tasks %d/%d",
                 head.get("acc_clean", float("nan")), head.get("acc_corrupted", float("nan")),
-                head.get("acc_ttt", float("nan")),
-                format_difference(summary["ttt_gain"]) if "ttt_gain" in summary else "-", summary["cached_tasks"],
-                len(cached))
+                cfg.evaluation.defense, head.get("acc_default", float("nan")),
+                format_difference(summary["defense_gain"]) if "defense_gain" in summary else "-",
+                summary["cached_tasks"], len(cached))
     return summary

@@ -11,13 +11,28 @@ from ttt_pipeline.io import registry
 from ttt_pipeline.io.tracking import Tracker
 
 
-@task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
-def register_task(cfg: PipelineConfig, parent_run_id: str, headline: dict | None = None) -> dict:
-    """Returns the decision as a dict: version, decision (promoted/kept/skipped), alias, values, reason."""
+def _transient(task, task_run, state) -> bool:
+    """Retry a service hiccup, never a refusal (another task's labels): that fails the same way again."""
+    try:
+        state.result()
+    except registry.LabelMismatch:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5],
+      retry_condition_fn=_transient)
+def register_task(cfg: PipelineConfig, parent_run_id: str, headline: dict | None = None,
+                  labels: list[str] | None = None) -> dict:
+    """Registers the model under its task's name (`cfg.model_name(labels)`), judged on `registry.metric`
+    (acc_default: the recommended defense's corrupted accuracy). Returns the decision as a dict: model_name,
+    metric, version, decision (promoted/kept/skipped), alias, values, reason."""
     tracker = Tracker.from_config(cfg.tracking)
-    candidate = (headline or {}).get(cfg.registry.metric)
-    result = registry.register_run(tracker.client, parent_run_id, cfg.registry.model_name, cfg.registry.metric,
-                                   candidate)
-    get_run_logger().info("model registry: %s v%s %s (%s)", result.model_name, result.version or "-",
-                          result.decision, result.reason)
+    metric = cfg.registry.metric_key(cfg.evaluation.defense)
+    candidate = (headline or {}).get(metric)
+    result = registry.register_run(tracker.client, parent_run_id, cfg.model_name(labels), metric, candidate, labels)
+    get_run_logger().info("model registry: %s v%s %s on %s (%s)", result.model_name, result.version or "-",
+                          result.decision, metric, result.reason)
     return result.to_dict()

@@ -59,17 +59,13 @@ def inference_fields() -> dict[str, str]:
     return out
 
 
-def default_method(methods: list[str]) -> str:
-    """The defense a model applies unless told otherwise: the first scored method other than `none`."""
-    return next((m for m in methods if m != "none"), "none")
-
-
-def inference_config(ttt=None, method: str | None = None) -> dict[str, Any]:
-    """`method` plus every inference setting of a TTTConfig (defaults when None)."""
+def inference_config(ttt=None, method: str = "none") -> dict[str, Any]:
+    """`method` (the defense the model applies unless a request names another: the pipeline logs its
+    `evaluation.default_defense`) plus every inference setting of a TTTConfig (defaults when None)."""
     from ttt_pipeline.config import TTTConfig
 
     ttt = ttt if ttt is not None else TTTConfig()
-    return {"method": method or default_method(ttt.methods), **{k: getattr(ttt, k) for k in inference_fields()}}
+    return {"method": method, **{k: getattr(ttt, k) for k in inference_fields()}}
 
 
 def settings_error(exc) -> str:

@@ -308,9 +308,16 @@ class EvaluationConfig(Section):
         "run, or models:/<name>@<alias> / models:/<name>/<version> (its source run); null: this run's own `none` "
         "scores.")
     default_defense: str | None = Field(
-        None, description="The defense the run recommends: its gain over none on the corrupted sets is the run "
-        "summary's defense_gain (with interval) and the terminal summary's headline. Must be one of ttt.methods "
-        "other than none; null: no defense_gain.")
+        None, description="The defense the run recommends, the one source of the whole operation: its gain over "
+        "none on the corrupted sets is the run summary's defense_gain (with interval) and headline; its corrupted "
+        "accuracy (acc_default) decides the `champion` alias (registry.metric); the served model applies it unless "
+        "a request names another method; the nightly alarm judges it. Must be one of ttt.methods other than none; "
+        "null: recommend no defense (none is served and judged; no defense_gain).")
+
+    @property
+    def defense(self) -> str:
+        """The recommended method: default_defense, or `none` when it is null."""
+        return self.default_defense or "none"
 
 
 class TrackingConfig(Section):
@@ -336,8 +343,33 @@ class ExecutionConfig(Section):
 
 class RegistryConfig(Section):
     enabled: bool = Field(True, description="Register each run's model in the MLflow model registry.")
-    model_name: str = Field("ttt-review-classifier", description="Registered model name.")
-    metric: str = Field("acc_ttt", description="Robustness metric that decides the `champion` alias (higher wins).")
+    model_name: str | None = Field(
+        None, description="Registered model name; null: `ttt-<task>-<labels>` (registry.task and the label set, "
+        "e.g. ttt-demo-reviews-negative-positive), so models of different tasks never compete for one `champion` "
+        "alias. The registry refuses to move the alias to a model with other labels.")
+    task: str | None = Field(
+        None, description="The task's dataset in the model name; null: from data.path (its folder and file name: "
+        "data/demo/reviews.jsonl -> demo-reviews, .../mdsd/electronics -> mdsd-electronics).")
+    metric: str = Field(
+        "acc_default", description="Metric that decides the `champion` alias (higher wins). acc_default: the "
+        "corrupted accuracy under evaluation.default_defense, logged as acc_corrupted_<defense> (acc_corrupted_spell); "
+        "or any metric of the pipeline run (acc_ttt, acc_clean, ...).")
+
+    def metric_key(self, defense: str) -> str:
+        """The logged metric that decides the alias: acc_default -> acc_corrupted_<defense tag>."""
+        if self.metric != "acc_default":
+            return self.metric
+        return "acc_corrupted" if defense == "none" else f"acc_corrupted_{defense_tag(defense)}"
+
+
+class NightlyConfig(Section):
+    """Nightly re-evaluation of the champion (flows/reevaluate.py, `ttt-pipeline reevaluate`)."""
+
+    data_path: str | None = Field(
+        None, description="Labelled reviews that arrived since training: a file, a folder (its newest file is read) "
+        "or any source data.path accepts, with data's columns and label_map. The champion is scored there with and "
+        "without its defense, against its test accuracy (with interval) and with a drift summary. null: the "
+        "reference suite only.")
 
 
 class AttributionConfig(Section):
@@ -403,7 +435,28 @@ class PipelineConfig(Section):
     attribution: AttributionConfig = Field(
         default_factory=AttributionConfig, description="Optional TRAK attribution step: training reviews behind the "
         "predictions corruption flipped and defenses fixed or broke.")
+    nightly: NightlyConfig = Field(
+        default_factory=NightlyConfig, description="Nightly re-evaluation: optional new labelled reviews.")
     store: str = Field(".cache", description="Root of cached step outputs (paths + digests).")
+
+    def model_name(self, label_names: list[str] | None = None) -> str:
+        """The registered model of this task: registry.model_name, else ttt-<task>-<labels> (`label_names`: the
+        data's classes when data.label_names is null)."""
+        return self.registry.model_name or self.task_key(label_names)
+
+    def task_key(self, label_names: list[str] | None = None) -> str:
+        """The task, as one name: ttt-<registry.task or the data's folder and file>-<labels>. Two runs of one task
+        are comparable; `ttt-pipeline compare` shows no differences between runs of different tasks."""
+        names = [str(n) for n in (label_names or self.data.label_names or [])]
+        if not names:
+            raise ConfigError("the registered model's name needs the label set",
+                              "set data.label_names or registry.model_name")
+        labels = "-".join(_slug(n) for n in names)
+        if len(labels) > 40 or not all(_slug(n) for n in names):
+            import hashlib
+
+            labels = f"{len(names)}class-{hashlib.sha256(json.dumps(names).encode()).hexdigest()[:8]}"
+        return f"ttt-{_slug(self.registry.task or task_of(self.data.path))}-{labels}"
 
     @model_validator(mode="after")
     def _joint_needs_weight(self) -> "PipelineConfig":
@@ -438,6 +491,26 @@ class PipelineConfig(Section):
 
         walk("", self.model_dump(mode="json"))
         return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def defense_tag(method: str) -> str:
+    """MLflow-safe short name of a method: masked_ttt -> ttt, spell+masked_ttt -> spell-ttt."""
+    return method.replace("masked_ttt", "ttt").replace("+", "-")
+
+
+def task_of(path: str) -> str:
+    """A data source's task name: the last folder and the file's stem (data/demo/reviews.jsonl -> demo-reviews),
+    the dataset of hf://, the file id of gdown://."""
+    for scheme in ("hf://", "gdown://"):
+        if path.startswith(scheme):
+            return f"{scheme[:-3]}-{path[len(scheme):].replace(':', '-')}"
+    p = Path(path)
+    stem = p.name.split(".")[0] if p.suffix else p.name
+    return f"{p.parent.name}-{stem}" if p.parent.name not in ("", ".", "..") else stem
 
 
 def _format_errors(err: ValidationError, origin: str) -> str:

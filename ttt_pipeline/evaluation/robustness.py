@@ -21,7 +21,8 @@ import pandas as pd
 
 from ttt_pipeline.evaluation.stats import Difference, paired_difference
 
-HEADLINE_METHOD = "masked_ttt"
+TTT_METHOD = "masked_ttt"  # the ttt_* keys: masked TTT, one scored method among others (the headline is
+# the recommended defense's defense_gain)
 
 
 def _matrix(preds: pd.DataFrame, sets: list[str], method: str, column: str = "correct") -> np.ndarray | None:
@@ -217,15 +218,16 @@ def augment_partition(preds: pd.DataFrame, families: list[str], n_classes: int |
 def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
                    reference_rows: list[dict] | None = None, n_classes: int | None = None,
                    default_defense: str | None = None, augment_families: list[str] | None = None, **kw) -> dict:
-    """The run's contract: ttt_gain / ttt_clean_change / ttt_shift_change (masked TTT vs none, pooled over sets
-    and mask seeds), corruption_drop, every method's gains, defense_gain (the default defense vs none on the
-    corrupted sets, the fields of ttt_gain plus `method`), and mce / rel_mce / flip_rate per method."""
+    """The run's contract: defense_gain (the recommended defense, `default_defense`, vs none on the corrupted
+    sets: the headline, with `method`) and defense_clean_change (the same on clean text, when scored),
+    corruption_drop, every method's gains, ttt_gain / ttt_clean_change / ttt_shift_change (masked TTT vs none,
+    pooled over sets and mask seeds, when it was scored), and mce / rel_mce / flip_rate per method."""
     out: dict = {}
     if (drop := pooled_drop(preds, **kw)) is not None:
         out["corruption_drop"] = drop.to_dict()
     gains = {m: method_gains(preds, m, n_classes=n_classes, **kw) for m in dict.fromkeys(preds["method"]) if m != "none"}
     out["gains"] = gains
-    ttt = gains.get(HEADLINE_METHOD, {})
+    ttt = gains.get(TTT_METHOD, {})
     for key, part in (("ttt_gain", "corrupted"), ("ttt_clean_change", "clean")):
         if part in ttt:
             out[key] = {**ttt[part], "mask_seeds": list(mask_seeds)}
@@ -236,6 +238,8 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
 
         seeds = {"mask_seeds": list(mask_seeds)} if parse(default_defense).masked else {}
         out["defense_gain"] = {**gains[default_defense]["corrupted"], "method": default_defense, **seeds}
+        if "clean" in gains[default_defense]:
+            out["defense_clean_change"] = {**gains[default_defense]["clean"], "method": default_defense, **seeds}
     if augment_families and (part := augment_partition(preds, augment_families, n_classes, **kw)) is not None:
         out["augment_families"] = part  # robust training: families trained on apart from held-out ones
     methods = summarize_methods(rows, preds, reference_rows)
@@ -247,8 +251,8 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
     return out
 
 
-CONTRACT = ("corruption_drop", "ttt_gain", "ttt_clean_change", "ttt_shift_change", "defense_gain", "mce", "rel_mce",
-            "flip_rate", "augment_families")
+CONTRACT = ("corruption_drop", "defense_gain", "defense_clean_change", "ttt_gain", "ttt_clean_change", "ttt_shift_change",
+            "mce", "rel_mce", "flip_rate", "augment_families")
 _DIFF_FIELDS = ("ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant")
 
 
@@ -263,7 +267,7 @@ def flat_metrics(stats: dict, per_set: list[dict] | None = None) -> dict[str, fl
         out[name] = d["delta"]
         out.update({f"{name}_{k}": float(d[k]) for k in _DIFF_FIELDS})
 
-    for key in ("corruption_drop", "ttt_gain", "ttt_clean_change", "defense_gain"):
+    for key in ("corruption_drop", "defense_gain", "defense_clean_change", "ttt_gain", "ttt_clean_change"):
         if key in stats:
             diff(key, stats[key])
     for dom, d in stats.get("ttt_shift_change", {}).items():

@@ -65,23 +65,33 @@ def score(logits: np.ndarray, labels: list[int], n: int) -> dict:
     return summarize(labels, logits.argmax(-1).tolist(), n)
 
 
-def headline(rows: list[dict]) -> dict:
-    """acc_clean, acc_corrupted, acc_ttt (mean over corrupted sets), recovered fraction, clean with TTT."""
+def headline(rows: list[dict], default_defense: str | None = None) -> dict:
+    """The run's scalar headline: acc_clean, acc_corrupted (no defense), acc_default (corrupted accuracy under the
+    recommended defense, `evaluation.default_defense`; `none` when it is null) and acc_clean_default, the recovered
+    fraction of the drop under it, acc_corrupted_<method> for every scored method (the registry's acc_default
+    resolves to one of them), and masked TTT's and Tent's figures (acc_ttt, acc_clean_ttt, acc_tent, ...) when
+    they were scored."""
     def acc(kind: str, method: str) -> float | None:
         vals = [r["acc"] for r in rows if r["kind"] == kind and r["method"] == method]
         return float(np.mean(vals)) if vals else None
 
+    defense = default_defense or "none"
     out = {
         "acc_clean": acc("clean", "none"),
         "acc_corrupted": acc("corrupted", "none"),
+        "acc_default": acc("corrupted", defense),
+        "acc_clean_default": acc("clean", defense),
         "acc_ttt": acc("corrupted", "masked_ttt"),
         "acc_clean_ttt": acc("clean", "masked_ttt"),
         "acc_tent": acc("corrupted", "tent"),
         "acc_shift": acc("shift", "none"),
+        "acc_shift_default": acc("shift", defense),
         "acc_shift_ttt": acc("shift", "masked_ttt"),
     }
-    if None not in (out["acc_clean"], out["acc_corrupted"], out["acc_ttt"]):
-        out["recovered_fraction"] = recovered_fraction(out["acc_clean"], out["acc_corrupted"], out["acc_ttt"])
+    for m in dict.fromkeys(r["method"] for r in rows if r["kind"] == "corrupted" and r["method"] != "none"):
+        out[f"acc_corrupted_{method_tag(m)}"] = acc("corrupted", m)
+    if None not in (out["acc_clean"], out["acc_corrupted"], out["acc_default"]) and defense != "none":
+        out["recovered_fraction"] = recovered_fraction(out["acc_clean"], out["acc_corrupted"], out["acc_default"])
     f1 = [r["macro_f1"] for r in rows if r["kind"] == "clean" and r["method"] == "none"]
     if f1:
         out["macro_f1_clean"] = f1[0]

@@ -169,3 +169,30 @@ def format_difference(d: dict | Difference, points: bool = True) -> str:
     d = d.to_dict() if isinstance(d, Difference) else d
     k = 100.0 if points else 1.0
     return f"{d['delta'] * k:+.2f} [{d['ci_low'] * k:+.2f}, {d['ci_high'] * k:+.2f}] {verdict(d)}"
+
+
+def min_detectable_drop(n: int, threshold: float = 0.0, confidence: float = CONFIDENCE,
+                        power: float = 0.8) -> float | None:
+    """The smallest drop in accuracy (a fraction) that a paired alarm on `n` reviews detects with `power`.
+
+    The alarm fires when the whole (two-sided, `confidence`) interval of the paired change lies below
+    -`threshold`. In the most favourable case, a drop made only of reviews newly got wrong (no review fixed), the
+    per-review change has variance d(1 - d), so the alarm sees a drop d with this power when
+    d - threshold >= (z_{1-alpha/2} + z_power) * sqrt(d (1 - d) / n). Any review that flips the other way widens
+    the interval, so the true detectable drop is at least this: a lower bound, e.g. 129 reviews cannot see a
+    2-point regression (9.1 points at threshold 0.02). None when even a drop to zero accuracy is not detectable.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    if n < 1:
+        return None
+    z = norm.ppf(1 - (1 - confidence) / 2) + norm.ppf(power)
+
+    def gap(d: float) -> float:
+        return d - threshold - z * np.sqrt(d * (1 - d) / n)
+
+    lo, hi = max(threshold, 1e-9), 1 - 1e-12
+    if gap(hi) < 0:
+        return None
+    return float(brentq(gap, lo, hi)) if gap(lo) < 0 else float(lo)

@@ -177,21 +177,24 @@ def recall_from_confusion(m: np.ndarray) -> np.ndarray:
     return np.divide(np.diag(m).astype(float), support, out=np.full(len(m), np.nan), where=support > 0)
 
 
-def confusion_panels(rows: list[dict]) -> list[tuple[str, np.ndarray]]:
-    """(title, matrix) for clean, corrupted (all corrupted sets pooled) and corrupted with masked TTT."""
+def confusion_panels(rows: list[dict], default_defense: str | None = None) -> list[tuple[str, np.ndarray]]:
+    """(title, matrix) for clean, corrupted (all corrupted sets pooled), corrupted under the recommended defense
+    (`evaluation.default_defense`), then masked TTT and Tent when they were scored and are not the default."""
     panels = []
-    for title, kind, method in (("clean", "clean", "none"), ("corrupted", "corrupted", "none"),
-                                ("corrupted + masked TTT", "corrupted", "masked_ttt"),
-                                ("corrupted + Tent", "corrupted", "tent")):
+    wanted = [("clean", "clean", "none"), ("corrupted", "corrupted", "none")]
+    if default_defense and default_defense != "none":
+        wanted.append((f"corrupted + {_label(default_defense)} (default)", "corrupted", default_defense))
+    wanted += [(f"corrupted + {_label(m)}", "corrupted", m) for m in ("masked_ttt", "tent") if m != default_defense]
+    for title, kind, method in wanted:
         m = aggregate_confusion(rows, kind, method)
         if m is not None:
             panels.append((title, m))
     return panels
 
 
-def confusion_matrices(rows: list[dict], label_names: list[str]) -> Figure:
+def confusion_matrices(rows: list[dict], label_names: list[str], default_defense: str | None = None) -> Figure:
     """Row-normalised confusion matrices (colour) with counts (text)."""
-    panels = confusion_panels(rows) or [("(no results)", np.zeros((len(label_names), len(label_names)), int))]
+    panels = confusion_panels(rows, default_defense) or [("(no results)", np.zeros((len(label_names), len(label_names)), int))]
     k = len(label_names)
     size = max(3.4, 0.55 * k + 1.8)
     fig = _figure(size * len(panels) + 1.0, size + 0.9)
@@ -215,9 +218,9 @@ def confusion_matrices(rows: list[dict], label_names: list[str]) -> Figure:
     return fig
 
 
-def per_class_recall(rows: list[dict], label_names: list[str]) -> Figure:
-    """Grouped bars: recall of every class on clean, corrupted and corrupted-with-TTT text."""
-    panels = confusion_panels(rows)
+def per_class_recall(rows: list[dict], label_names: list[str], default_defense: str | None = None) -> Figure:
+    """Grouped bars: recall of every class on clean, corrupted and defended corrupted text."""
+    panels = confusion_panels(rows, default_defense)
     k = len(label_names)
     fig = _figure(max(6.0, 0.9 * k * max(1, len(panels)) / 2 + 3), 4.0)
     ax = fig.subplots()
@@ -268,12 +271,12 @@ def write_finetune_plots(history: dict, out_dir: str | Path) -> list[Path]:
     return [save(training_curves(history), Path(out_dir) / "training_curves.png")]
 
 
-def write_evaluation_plots(results: dict, out_dir: str | Path) -> list[Path]:
+def write_evaluation_plots(results: dict, out_dir: str | Path, default_defense: str | None = None) -> list[Path]:
     rows, names = results["rows"], results["label_names"]
     out = Path(out_dir)
     return [save(accuracy_vs_severity(rows), out / "accuracy_vs_severity.png"),
-            save(confusion_matrices(rows, names), out / "confusion_matrices.png"),
-            save(per_class_recall(rows, names), out / "per_class_recall.png")]
+            save(confusion_matrices(rows, names, default_defense), out / "confusion_matrices.png"),
+            save(per_class_recall(rows, names, default_defense), out / "per_class_recall.png")]
 
 
 def png_size(path: str | Path) -> tuple[int, int]:

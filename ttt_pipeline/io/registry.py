@@ -8,8 +8,13 @@ folder, which is what an MLflow server's source validation asks for, and the ver
 the logged model and the run. A run logged before models were MLflow Models (a plain `model` artifact folder:
 encoder/, head.safetensors, tokenizer/, meta.json, labels.json) registers `<run artifact URI>/model` instead.
 
-The decision: the candidate's value of `registry.metric` (default acc_ttt, higher is better) is the pipeline
-(parent) run's metric. The champion's value is read from the champion version's source run, and from that
+The name: one registered model per task (`PipelineConfig.model_name`: ttt-<task>-<labels>), so models of
+different tasks never compete for one alias; the registered model and each version carry their label set (tag
+`labels`), and a model with other labels is refused under a name that holds one (`LabelMismatch`).
+
+The decision: the candidate's value of `registry.metric` (default acc_default: the corrupted accuracy under the
+recommended defense, `evaluation.default_defense`, logged as acc_corrupted_<defense>; higher is better) is the
+pipeline (parent) run's metric. The champion's value is read from the champion version's source run, and from that
 run's parent (the pipeline run) when the fine-tune run does not carry the metric. The candidate becomes
 `champion` when there is no champion yet, the champion has no value, or the candidate is strictly higher;
 a tie keeps the current champion. Either way the comparison is logged on the pipeline run as tags
@@ -36,6 +41,10 @@ MODEL_ARTIFACT = "model"
 LOGGED_MODEL_NAME = "model"  # the MLflow Model a fine-tune run logs (io.mlflow_model)
 
 
+class LabelMismatch(PipelineError):
+    """The registered model holds models of another label set: its alias must not move to this one."""
+
+
 @dataclass
 class RegistryResult:
     model_name: str
@@ -50,6 +59,7 @@ class RegistryResult:
     source: str | None = None
     source_run_id: str | None = None
     model_id: str | None = None
+    labels: list[str] | None = None
 
     @property
     def promoted(self) -> bool:
@@ -93,6 +103,25 @@ def ensure_registered_model(client, name: str) -> None:
     except MlflowException as exc:  # created meanwhile by a concurrent run
         if "RESOURCE_ALREADY_EXISTS" not in (getattr(exc, "error_code", "") or ""):
             raise
+
+
+def check_labels(client, name: str, labels: list[str] | None, champion=None) -> None:
+    """Refuses a model whose labels differ from those the registered model holds (its `labels` tag, else its
+    champion's); records them on a registered model that has none yet."""
+    if not labels:
+        return
+    import json
+
+    model = client.get_registered_model(name)
+    held = (model.tags or {}).get("labels") or ((champion.tags or {}).get("labels") if champion is not None else None)
+    if held and json.loads(held) != list(labels):
+        raise LabelMismatch(
+            f"registered model {name!r} holds models for the labels {json.loads(held)}; this run's model predicts "
+            f"{list(labels)}: the registry does not register it there or move the `{CHAMPION}` alias to it",
+            "leave registry.model_name null (each task gets its own name, ttt-<task>-<labels>) or set it to a name "
+            "of this task")
+    if not (model.tags or {}).get("labels"):
+        client.set_registered_model_tag(name, "labels", json.dumps(list(labels)))
 
 
 def current_champion(client, name: str):
@@ -198,8 +227,9 @@ def log_decision(client, parent_run_id: str, result: RegistryResult) -> None:
 
 
 def register_run(client, parent_run_id: str, model_name: str, metric: str,
-                 candidate_value: float | None = None) -> RegistryResult:
-    """Register this pipeline run's model, promote it to `champion` when it beats the champion, log why."""
+                 candidate_value: float | None = None, labels: list[str] | None = None) -> RegistryResult:
+    """Register this pipeline run's model, promote it to `champion` when it beats the champion, log why.
+    `labels`: the model's classes, checked against those the registered model holds (LabelMismatch)."""
     if candidate_value is None:
         candidate_value = run_metric(client, parent_run_id, metric, follow_parent=False)
     model_run = find_model_run(client, parent_run_id)
@@ -211,12 +241,16 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
 
     ensure_registered_model(client, model_name)
     champ = current_champion(client, model_name)
+    check_labels(client, model_name, labels, champ)
     champ_version = str(champ.version) if champ is not None else None
     champ_value = champion_value(client, champ, metric) if champ is not None else None
 
     source, model_id = model_source(client, model_run)
+    import json
+
     tags = {"parent_run_id": parent_run_id, "metric": metric,
-            f"metric.{metric}": "" if candidate_value is None else repr(float(candidate_value))}
+            f"metric.{metric}": "" if candidate_value is None else repr(float(candidate_value)),
+            **({"labels": json.dumps(list(labels))} if labels else {})}
     existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{model_run.info.run_id}'")
     if existing:  # a retried task: the version exists already, only the decision is left to make
         mv = existing[0]
@@ -236,7 +270,8 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
                             candidate_value=candidate_value, champion_before=champ_version,
                             champion_before_value=champ_value,
                             champion_after=str(mv.version) if promote else champ_version,
-                            source=source, source_run_id=model_run.info.run_id, model_id=model_id)
+                            source=source, source_run_id=model_run.info.run_id, model_id=model_id,
+                            labels=list(labels) if labels else None)
     client.set_model_version_tag(model_name, mv.version, "decision", result.decision)
     client.set_model_version_tag(model_name, mv.version, "decision_reason", reason)
     log_decision(client, parent_run_id, result)

@@ -9,20 +9,28 @@ from __future__ import annotations
 from ttt_pipeline.evaluation.stats import verdict
 
 ROWS = [("acc_clean", "clean accuracy"), ("acc_corrupted", "corrupted accuracy"),
-        ("acc_ttt", "corrupted accuracy with masked TTT"), ("recovered_fraction", "recovered fraction of the drop"),
-        ("acc_clean_ttt", "clean accuracy with masked TTT"), ("acc_tent", "corrupted accuracy with Tent"),
-        ("acc_shift", "domain-shift accuracy"), ("acc_shift_ttt", "domain-shift accuracy with TTT"),
-        ("macro_f1_clean", "clean macro-F1")]
+        ("acc_default", "corrupted accuracy with the default defense"),
+        ("recovered_fraction", "recovered fraction of the drop (default defense)"),
+        ("acc_clean_default", "clean accuracy with the default defense"),
+        ("acc_ttt", "corrupted accuracy with masked TTT"), ("acc_clean_ttt", "clean accuracy with masked TTT"),
+        ("acc_tent", "corrupted accuracy with Tent"), ("acc_shift", "domain-shift accuracy"),
+        ("acc_shift_default", "domain-shift accuracy with the default defense"),
+        ("acc_shift_ttt", "domain-shift accuracy with TTT"), ("macro_f1_clean", "clean macro-F1")]
+# the headline differences first: the drop, then what the recommended defense wins back
+FIRST = ("corruption_drop", "defense_gain", "defense_clean_change")
 
 
 def fmt(v) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def difference_label(name: str) -> str | None:
+def difference_label(name: str, defense: str | None = None) -> str | None:
     """What a flat difference metric compares, in words; None for per-set ones (shown by the grid)."""
     if name == "corruption_drop":
         return "corruption drop (clean - corrupted, no defense)"
+    if name in ("defense_gain", "defense_clean_change"):
+        which = f"default defense ({defense})" if defense else "default defense"
+        return f"{which} - none, {'corrupted' if name == 'defense_gain' else 'clean'}"
     if name == "ttt_gain":
         return "masked TTT - none, corrupted"
     if name == "ttt_clean_change":
@@ -38,11 +46,12 @@ def difference_label(name: str) -> str | None:
     return None
 
 
-def differences(metrics: dict) -> list[tuple[str, dict]]:
-    """(label, difference) for every headline difference among flat metrics, in a stable order."""
+def differences(metrics: dict, defense: str | None = None) -> list[tuple[str, dict]]:
+    """(label, difference) for every headline difference among flat metrics: the drop and the default defense's
+    (`defense`) figures first, then the others in a stable order."""
     out = []
-    for name in metrics:
-        label = difference_label(name)
+    for name in sorted(metrics, key=lambda k: FIRST.index(k) if k in FIRST else len(FIRST)):
+        label = difference_label(name, defense)
         if label is None or f"{name}_ci_low" not in metrics:
             continue
         d = {"delta": metrics[name], **{k: metrics.get(f"{name}_{k}") for k in
@@ -58,8 +67,8 @@ def difference_line(d: dict) -> tuple[str, str, str, str]:
             f"p={d['p_mcnemar']:.3g}", f"{verdict(d)} (helped {int(d['helped'])}, hurt {int(d['hurt'])})")
 
 
-def differences_table(metrics: dict, mask_seeds: int | None = None) -> str:
-    diffs = differences(metrics)
+def differences_table(metrics: dict, mask_seeds: int | None = None, defense: str | None = None) -> str:
+    diffs = differences(metrics, defense)
     if not diffs:
         return ""
     width = max(len(label) for label, _ in diffs)
@@ -80,7 +89,7 @@ def headline_table(summary: dict, metrics: dict | None = None) -> str:
 
         metrics = flat_metrics(summary)
     seeds = len((summary.get("ttt_gain") or {}).get("mask_seeds") or []) or None
-    table = differences_table(metrics, seeds)
+    table = differences_table(metrics, seeds, summary.get("default_defense"))
     return f"{text}\n\n{table}" if table else text
 
 
@@ -91,8 +100,8 @@ def run_link(summary: dict, tracker=None) -> str:
     return f"{base}/#/experiments/{eid}/runs/{rid}"
 
 
-def differences_markdown(metrics: dict) -> str:
-    diffs = differences(metrics)
+def differences_markdown(metrics: dict, defense: str | None = None) -> str:
+    diffs = differences(metrics, defense)
     if not diffs:
         return ""
     body = "\n".join(f"| {label} | {' | '.join(difference_line(d))} |" for label, d in diffs)
@@ -103,12 +112,14 @@ def differences_markdown(metrics: dict) -> str:
 def headline_markdown(summary: dict, tracker=None) -> str:
     from ttt_pipeline.evaluation.robustness import flat_metrics
 
+    defense = summary.get("default_defense")
     rows = "\n".join(f"| {label} | {fmt(summary[key])} |" for key, label in ROWS if key in summary)
-    rows += "\n\n" + differences_markdown(flat_metrics(summary))
+    rows += "\n\n" + differences_markdown(flat_metrics(summary), defense)
     reg = summary.get("registry") or {}
-    registry = (f"Model registry: version {reg.get('version')} {reg.get('decision', '')} "
-                f"({reg.get('reason', '')})\n\n" if reg else "")
-    return (f"# TTT pipeline run\n\n| metric | value |\n|---|---|\n{rows}\n\n"
+    registry = (f"Model registry: `{reg.get('model_name')}` version {reg.get('version')} {reg.get('decision', '')} "
+                f"on {reg.get('metric')} ({reg.get('reason', '')})\n\n" if reg else "")
+    lead = f"Default defense: `{defense}` (evaluation.default_defense)\n\n" if defense else ""
+    return (f"# TTT pipeline run\n\n{lead}| metric | value |\n|---|---|\n{rows}\n\n"
             f"Cached tasks: {summary.get('cached_tasks', 0)}/{len(summary.get('cached') or {}) or 5} · "
             f"wall time {summary.get('wall_s', 0):.1f} s\n\n"
             f"{registry}MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n")

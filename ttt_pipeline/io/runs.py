@@ -18,10 +18,11 @@ from typing import Any
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.io.report import ROWS, difference_line, differences, fmt
 
-SHOWN_PARAMS = ("model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
+SHOWN_PARAMS = ("evaluation.default_defense", "data.path", "data.label_names", "model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
                 "corruption.severities", "ttt.methods", "ttt.mask_prob", "ttt.steps", "ttt.lr")
-REGISTRY_TAGS = ("registry.model_name", "registry.version", "registry.decision", "registry.reason",
+REGISTRY_TAGS = ("registry.model_name", "registry.metric", "registry.version", "registry.decision", "registry.reason",
                  "registry.champion_before", "registry.champion_after")
+TASK_TAGS = ("task", "task.labels", "task.data_digest")
 
 
 def default_tracking_uri() -> str:
@@ -80,12 +81,14 @@ def get_pipeline_run(client, run_id: str, uri: str):
 
 def run_summary(run, client=None) -> dict[str, Any]:
     m, p, t = run.data.metrics, run.data.params, run.data.tags
+    defense = t.get("default_defense") or (p.get("evaluation.default_defense") or "none").replace("None", "none")
     out = {"run_id": run.info.run_id, "run_name": run.info.run_name, "status": run.info.status,
-           "experiment_id": run.info.experiment_id, "start_time": run.info.start_time,
+           "experiment_id": run.info.experiment_id, "start_time": run.info.start_time, "default_defense": defense,
+           "task": {k.removeprefix("task.") if k != "task" else "name": t[k] for k in TASK_TAGS if k in t},
            "metrics": {k: m[k] for k, _ in ROWS if k in m},
            "params": {k: p[k] for k in SHOWN_PARAMS if k in p},
            "registry": {k.split(".", 1)[1]: t[k] for k in REGISTRY_TAGS if k in t},
-           "differences": [{"what": label, **d} for label, d in differences(m)]}
+           "differences": [{"what": label, **d} for label, d in differences(m, defense)]}
     for k in ("cached_tasks", "wall_s"):
         if k in m:
             out[k] = m[k]
@@ -100,7 +103,7 @@ def run_summary(run, client=None) -> dict[str, Any]:
 
 
 def format_report(s: dict) -> str:
-    lines = [f"run {s['run_id']} ({s['run_name']}, {s['status']})"]
+    lines = [f"run {s['run_id']} ({s['run_name']}, {s['status']}); default defense: {s.get('default_defense')}"]
     width = max(len(label) for _, label in ROWS)
     for key, label in ROWS:
         if key in s["metrics"]:
@@ -119,16 +122,42 @@ def format_report(s: dict) -> str:
     return "\n".join(lines)
 
 
+def task_difference(a: dict, b: dict) -> list[str]:
+    """How two runs' tasks differ (the data, the label set); empty when they are runs of one task. Runs logged
+    before the task tags are told apart by their data.path and data.label_names parameters."""
+    out = []
+    ta, tb = a.get("task") or {}, b.get("task") or {}
+    if ta.get("name") and tb.get("name"):
+        if ta["name"] != tb["name"]:
+            out.append(f"task: A={ta['name']} B={tb['name']}")
+        if ta.get("labels") != tb.get("labels"):
+            out.append(f"labels: A={ta.get('labels')} B={tb.get('labels')}")
+        return out
+    for key in ("data.path", "data.label_names"):
+        if a["params"].get(key) != b["params"].get(key):
+            out.append(f"{key}: A={a['params'].get(key)} B={b['params'].get(key)}")
+    return out
+
+
+def same_reviews(a: dict, b: dict) -> bool:
+    """Whether both runs scored the same data (content digest of the split reviews, when both logged it)."""
+    da, db = (a.get("task") or {}).get("data_digest"), (b.get("task") or {}).get("data_digest")
+    return da == db if da and db else not task_difference(a, b)
+
+
 def compare_summaries(a: dict, b: dict) -> dict[str, Any]:
+    """Side by side; B - A only for runs of one task (other data or labels: the columns, no differences)."""
+    other_task = task_difference(a, b)
     metrics = {}
     for key, _ in ROWS:
         va, vb = a["metrics"].get(key), b["metrics"].get(key)
         if va is None and vb is None:
             continue
-        metrics[key] = {"a": va, "b": vb, "diff": (vb - va) if va is not None and vb is not None else None}
+        both = va is not None and vb is not None and not other_task
+        metrics[key] = {"a": va, "b": vb, "diff": (vb - va) if both else None}
     params = {k: {"a": a["params"].get(k), "b": b["params"].get(k)}
               for k in dict.fromkeys([*a["params"], *b["params"]]) if a["params"].get(k) != b["params"].get(k)}
-    return {"a": a, "b": b, "metrics": metrics, "params_differing": params}
+    return {"a": a, "b": b, "metrics": metrics, "params_differing": params, "different_tasks": other_task}
 
 
 def format_compare(c: dict) -> str:
@@ -140,11 +169,15 @@ def format_compare(c: dict) -> str:
     def tag(s: dict) -> str:
         return s["run_id"][:col - 1] + ("*" if s["registry"].get("is_champion") else "")
 
-    lines = [f"A: {a['run_id']} ({a['run_name']})", f"B: {b['run_id']} ({b['run_name']})", "",
-             f"{'':<{width}}  {'A':>{col}}  {'B':>{col}}  {'B - A':>{col}}"]
+    lines = [f"A: {a['run_id']} ({a['run_name']})", f"B: {b['run_id']} ({b['run_name']})", ""]
+    other = c.get("different_tasks")
+    if other:
+        lines += ["A and B are runs of different tasks (" + "; ".join(other) + "): their accuracies are not "
+                  "comparable, so no differences are shown, only the two columns.", ""]
+    lines.append(f"{'':<{width}}  {'A':>{col}}  {'B':>{col}}" + ("" if other else f"  {'B - A':>{col}}"))
     for key, v in c["metrics"].items():
-        diff = "-" if v["diff"] is None else f"{v['diff']:+.3f}"
-        lines.append(f"{labels[key]:<{width}}  {fmt(v['a']):>{col}}  {fmt(v['b']):>{col}}  {diff:>{col}}")
+        diff = "" if other else f"  {'-' if v['diff'] is None else format(v['diff'], '+.3f'):>{col}}"
+        lines.append(f"{labels[key]:<{width}}  {fmt(v['a']):>{col}}  {fmt(v['b']):>{col}}{diff}")
     if c["params_differing"]:
         lines += ["", "settings that differ:"]
         for k, v in c["params_differing"].items():
@@ -153,8 +186,8 @@ def format_compare(c: dict) -> str:
         lines += ["", "B - A on the same reviews, accuracy points (95% paired bootstrap interval, McNemar p):"]
         for d in c["paired"]:
             lines.append(f"  {d['set'] + ' / ' + d['method']:<{width - 2}}  {'  '.join(difference_line(d))}")
-    elif c.get("paired") is None and "paired" in c:
-        lines += ["", "no paired comparison: a run has no stored per-review predictions"]
+    elif c.get("paired") is None and "paired" in c and not other:
+        lines += ["", "no paired comparison: " + c.get("unpaired_reason", "a run has no stored per-review predictions")]
     champs = [n for n, s in (("A", a), ("B", b)) if s["registry"].get("is_champion")]
     if champs:
         holder = a if champs[0] == "A" else b
@@ -217,8 +250,12 @@ def cmd_compare(args) -> int:
     run_a, run_b = get_pipeline_run(client, args.run_a, uri), get_pipeline_run(client, args.run_b, uri)
     a, b = run_summary(run_a, client), run_summary(run_b, client)
     c = compare_summaries(a, b)
-    pa, pb = run_predictions(client, run_a), run_predictions(client, run_b)
-    c["paired"] = paired_runs(pa, pb) if pa is not None and pb is not None else None
+    c["paired"] = None
+    if not same_reviews(a, b):  # paired differences only where both runs scored the same reviews
+        c["unpaired_reason"] = "the runs scored different reviews (data content digests differ)"
+    else:
+        pa, pb = run_predictions(client, run_a), run_predictions(client, run_b)
+        c["paired"] = paired_runs(pa, pb) if pa is not None and pb is not None else None
     print(json.dumps(c, default=str) if args.json else format_compare(c))
     sys.stdout.flush()
     return 0

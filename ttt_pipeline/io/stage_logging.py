@@ -37,6 +37,11 @@ def log_download(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
         tracker.dataset(run_id, f"reviews-{split}", m["content_digest"], cfg.data.path, split)
     tracker.artifact(run_id, Path(out.path) / "labels.json")
     tracker.dict(run_id, m["class_counts"], "class_counts.json")
+    parent = tracker.client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+    if parent:  # what `compare` reads to tell runs of different tasks, and runs scored on the same reviews
+        tracker.tags(parent, {"task": cfg.task_key(m["label_names"]), "task.labels": json.dumps(m["label_names"]),
+                              "task.data_digest": m["content_digest"],
+                              "default_defense": cfg.evaluation.defense})
 
 
 def log_tokenise(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
@@ -74,10 +79,10 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
 
 def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: StepOutput | None = None) -> str:
     """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.io.mlflow_model`):
-    inference configuration = the run's recommended defense (`evaluation.default_defense`, else the first of
-    ttt.methods other than none) with its ttt.* settings; spell's vocabulary = the training texts' words seen
+    inference configuration = the run's recommended defense (`evaluation.default_defense`; `none` when it is
+    null) with its ttt.* settings; spell's vocabulary = the training texts' words seen
     twice. Returns the model id."""
-    from ttt_pipeline.classifier import default_method, inference_config
+    from ttt_pipeline.classifier import inference_config
     from ttt_pipeline.io.mlflow_model import log_classifier_model
 
     vocabulary = None
@@ -86,9 +91,8 @@ def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: St
         from ttt_pipeline.defenses.vocabulary import training_vocabulary
 
         vocabulary = training_vocabulary(load_prepared(data.path)[0]["train"]["text"])
-    method = getattr(cfg.evaluation, "default_defense", None) or default_method(cfg.ttt.methods)
     model_id = log_classifier_model(tracker.client, run_id, Path(out.path) / "model",
-                                    inference_config(cfg.ttt, method), vocabulary)
+                                    inference_config(cfg.ttt, cfg.evaluation.defense), vocabulary)
     tracker.tags(run_id, {"logged_model_id": model_id})
     return model_id
 
@@ -125,7 +129,8 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
                                       augment_families=cfg.finetune.augment.families if cfg.finetune.augment else None,
                                       **kw)
     per_set = robustness.comparisons(preds, n, **kw)
-    return {"stats": stats, "comparisons": per_set, "headline": headline(results["rows"]), "predictions": preds}
+    head = headline(results["rows"], cfg.evaluation.default_defense)
+    return {"stats": stats, "comparisons": per_set, "headline": head, "predictions": preds}
 
 
 def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results: dict, cfg,
@@ -162,7 +167,8 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
         cols = sorted({k for s in results["samples"] for k in s})
         tracker.client.log_table(run_id, data={c: [s.get(c, "") for s in results["samples"]] for c in cols},
                                  artifact_file="sample_predictions.json")
-    log_plots(tracker, run_id, lambda d: _plots().write_evaluation_plots(results, d))
+    log_plots(tracker, run_id, lambda d: _plots().write_evaluation_plots(results, d,
+                                                                      cfg.evaluation.default_defense))
     return {"headline": head, "stats": {k: ev["stats"][k] for k in robustness.CONTRACT if k in ev["stats"]},
             "gains": ev["stats"]["gains"], "comparisons": ev["comparisons"], "flat": flat}
 
