@@ -1,8 +1,10 @@
-"""nightly-reevaluation in-process: champion from the MLflow registry, two suites, comparison, loud failure."""
+"""nightly-reevaluation in-process: champion from the MLflow registry, two suites, comparison, loud failure; the
+judged method is the recommended defense (evaluation.default_defense: masked_ttt here, the tiny config scores it)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from _ops_config import tiny_config
@@ -24,6 +26,7 @@ def setup(tmp_path_factory, tiny_bert_dir):
     tmp = tmp_path_factory.mktemp("nightly")
     cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir))
     cfg.registry.model_name = NAME
+    cfg.evaluation.default_defense = "masked_ttt"
     model, tok = build_classifier(cfg.model, cfg.data.label_names)
     save_model(model, tok, tmp / "model")
     tracker = Tracker.from_config(cfg.tracking)
@@ -53,6 +56,19 @@ def _run(cfg, **kw):
     return state, _artifacts()
 
 
+def _events(name: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    for _ in range(30):  # events are sent in the background: wait until the server has them
+        with get_client(sync_client=True) as c:
+            got = c.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50).events
+        if got:
+            return got
+        time.sleep(1)
+    return []
+
+
 def _artifacts():
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -68,6 +84,10 @@ def test_nightly_passes_then_fails_loudly_on_a_drop(setup, harness):
     first = state.result()
     assert first["model_version"] == str(mv.version) and first["previous_run_id"] is None
     assert first["night_seed"] == 20300101 and first["regression"] is False
+    assert state.name == "Completed" and first["verdict"] == "ok" and first["defense"] == "masked_ttt"
+    assert first["event"]["name"] == "ttt.nightly.ok" and first["event"]["id"]
+    # the alarm's power for the 16 reference reviews at threshold 0.05 (ttt_pipeline.evaluation.stats)
+    assert first["reference_n"] == 16 and first["min_detectable_drop"] == pytest.approx(0.3919, abs=1e-3)
     run = client.get_run(first["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["model_version"] == str(mv.version) and run.data.tags["registered_model"] == NAME
@@ -133,7 +153,13 @@ def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(set
     tracker.end(fake)
 
     state, arts = _run(_nights_config(cfg, 5), threshold=0.02, reference_seed=7, night="2029-06-04")
-    assert state.is_failed()
+    assert state.is_failed() and state.name == "Regression"  # a named outcome, not a crash
+    out = state.result(raise_on_failure=False)
+    assert out["verdict"] == "regression" and out["event"]["name"] == "ttt.nightly.regression"
+    assert out["reference"]["ci_high"] < -0.02 and "previous night 2029-06-03" in out["reference"]["against"]
+    events = _events("ttt.nightly.regression")
+    assert [e for e in events if str(e.id) == out["event"]["id"]][0].payload["reference"]["delta"] == \
+        pytest.approx(out["reference"]["delta"])
     assert "95% paired interval" in state.message and "lies below -2.00" in state.message
     flagged = [a for a in arts if "REGRESSION" in (a.data or "")]
     assert flagged and "REGRESSION" in (flagged[-1].description or "") and "it does." in flagged[-1].data
@@ -172,7 +198,10 @@ def test_no_champion_fails_once_and_the_artifact_says_what_to_do(setup, harness)
     lonely = cfg.model_copy(deep=True)
     lonely.registry.model_name = "never-registered"
     state, arts = _run(lonely, night="2030-02-01")
-    assert state.is_failed()
+    assert state.is_failed() and state.name == "NoChampion"
+    out = state.result(raise_on_failure=False)
+    assert out["verdict"] == "no_champion" and out["event"]["name"] == "ttt.nightly.no-champion"
+    assert any(str(e.id) == out["event"]["id"] for e in _events("ttt.nightly.no-champion"))
     assert "'never-registered' has no version at alias 'champion'" in state.message
     fr, _ = _flow_run(state)
     assert fr.run_count == 1  # not retried
@@ -191,3 +220,68 @@ def test_an_error_in_the_data_fails_the_night_at_once_without_retries(setup, har
     _, tasks = _flow_run(state)
     (download,) = [t for t in tasks if t.name.startswith("download")]
     assert download.state.is_failed() and download.run_count == 1
+
+
+KITCHEN = ["The blender crushed ice in seconds and the jar washes clean", "This skillet warped after one week on gas",
+           "Knives arrived dull and the block cracked", "Great kettle, boils fast and the handle stays cool",
+           "The toaster burns one side of every slice", "Sturdy pots, even heating, lids fit snugly",
+           "Nonstick coating flaked into the omelette", "Lovely mixing bowls, nest neatly in the cupboard"]
+
+
+def _new_reviews(folder) -> None:
+    """Two exports of kitchen reviews (another domain than the demo's electronics); the newer one is read."""
+    folder.mkdir()
+    old = folder / "2030-01-01.jsonl"
+    old.write_text(json.dumps({"text": "old export", "rating": 5}) + "\n")
+    rows = [{"text": f"{t}.", "rating": 5 if i % 2 else 1} for i, t in enumerate(KITCHEN * 3)]
+    new = folder / "2030-01-02.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import os
+
+    os.utime(old, (1_000_000, 1_000_000))
+
+
+def test_new_reviews_are_scored_with_the_defense_against_the_test_accuracy_with_drift(setup, harness, tmp_path,
+                                                                                         capsys):
+    """nightly.data_path (a folder: its newest file): the change against the test accuracy with its Newcombe
+    interval and the drift figures, through `ttt-pipeline reevaluate --json` (the same flow)."""
+    import yaml
+
+    from cli.main import main
+
+    _, cfg, _, _ = setup
+    _new_reviews(tmp_path / "drop")
+    c = cfg.model_dump(mode="json")
+    c["nightly"] = {"data_path": str(tmp_path / "drop")}
+    (tmp_path / "night.yaml").write_text(yaml.safe_dump(c))
+    code = main(["reevaluate", "--config", str(tmp_path / "night.yaml"), "--night", "2030-03-01", "--json"])
+    out = capsys.readouterr().out
+    s = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and s["verdict"] == "ok" and s["defense"] == "masked_ttt"
+    new = s["new_data"]
+    assert new["n"] == 24 and new["source"].endswith("2030-01-02.jsonl")
+    assert new["delta"] == pytest.approx(new["acc"] - new["acc_reference"])
+    assert new["ci_low"] <= new["delta"] <= new["ci_high"] and new["with_defense"]["n_reference"] == 16
+    d = new["drift"]
+    assert d["label_shares"]["new"] == {"1": 0.5, "2": 0.0, "3": 0.0, "4": 0.0, "5": 0.5}
+    assert d["mean_words"]["new"] == pytest.approx(sum(len(t.split()) for t in KITCHEN) / 8)
+    assert d["unseen_word_share"]["new"] > d["unseen_word_share"]["test"]  # kitchen words the training never saw
+    assert "new data (24 reviews)" in out and "alarm power: 16 reviews" in out
+    assert set(s) >= {"defense", "verdict", "reference", "new_data", "min_detectable_drop", "event"}
+
+
+def test_reevaluate_without_a_champion_exits_non_zero_with_a_clear_message(setup, harness, tmp_path, capsys):
+    import yaml
+
+    from cli.main import main
+
+    _, cfg, _, _ = setup
+    c = cfg.model_dump(mode="json")
+    c["registry"]["model_name"] = "empty-registry"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(c))
+    code = main(["reevaluate", "--config", str(tmp_path / "c.yaml"), "--night", "2030-03-02", "--json"])
+    cap = capsys.readouterr()
+    s = json.loads(cap.out.strip().splitlines()[-1])
+    assert code == 2 and s["verdict"] == "no_champion" and s["event"]["name"] == "ttt.nightly.no-champion"
+    assert "error: registered model 'empty-registry' has no version at alias 'champion'" in cap.err
+    assert "hint: run the ttt-pipeline deployment once" in cap.err
