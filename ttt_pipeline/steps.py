@@ -38,6 +38,33 @@ def resolved_precision(device: str, precision: str, field: str):
     return resolve_precision(pick_device(device), precision, field)
 
 
+def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
+    """The settings that lower a stage's memory, with their current values."""
+    length, ft, ttt = cfg.model.max_length, cfg.finetune, cfg.ttt
+    return {
+        "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
+        "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
+        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
+                     "finetune.precision=bf16 halves activations (fast on CUDA and on CPUs with native bf16)",
+        "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",
+        "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
+                    f"ttt.params=layernorm adapts and copies far fewer weights than ttt.params={ttt.params}",
+        "attribute": f"lower attribution.batch_size (now {cfg.attribution.batch_size}), attribution.proj_dim "
+                     f"(now {cfg.attribution.proj_dim}) or attribution.max_train",
+    }[stage]
+
+
+def _guarded(cfg: PipelineConfig, stage: str, build: Callable[[Path], dict]) -> Callable[[Path], dict]:
+    """`build` with out-of-memory errors turned into `error: out of memory in <stage>` plus a hint."""
+    from ttt_pipeline.modeling.oom import memory_errors
+
+    def run(tmp: Path) -> dict:
+        with memory_errors(stage, _memory_hint(cfg, stage)):
+            return build(tmp)
+
+    return run
+
+
 def stored(step: str, inputs: dict, store: StepStore) -> StepOutput | None:
     """The verified stored output for these inputs, if any (what a cache policy may serve)."""
     return store.load(step, StepStore.key(step, inputs, _v(step)))
@@ -56,7 +83,8 @@ def download(cfg: PipelineConfig, store: StepStore) -> StepOutput:
     from ttt_pipeline.data.prepare import prepare_dataset
 
     return store.run("download", download_inputs(cfg),
-                     lambda tmp: prepare_dataset(cfg.data, tmp, store.root / "raw"), _v("download"))
+                     _guarded(cfg, "download", lambda tmp: prepare_dataset(cfg.data, tmp, store.root / "raw")),
+                     _v("download"))
 
 
 def tokenise_inputs(cfg: PipelineConfig, data: StepOutput) -> dict:
@@ -77,7 +105,7 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
         tok = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
         return tokenize_dataset(ds, tok, cfg.model.max_length, tmp)
 
-    return store.run("tokenise", inputs, build, _v("tokenise"))
+    return store.run("tokenise", inputs, _guarded(cfg, "tokenise", build), _v("tokenise"))
 
 
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
@@ -165,7 +193,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 "precision": chosen.name, "precision_reason": chosen.reason,
                 **({"augment": augmented} if augmented else {})}
 
-    out = store.run("finetune", inputs, build, _v("finetune"))
+    out = store.run("finetune", inputs, _guarded(cfg, "fine-tune", build), _v("finetune"))
     if not out.cached:
         shutil.rmtree(work, ignore_errors=True)  # checkpoints only serve an interrupted run
     return out
@@ -202,7 +230,7 @@ def corrupt(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOutp
         (tmp / "index.json").write_text(json.dumps(sets, indent=1))
         return {"sets": sets}
 
-    return store.run("corrupt", inputs, build, _v("corrupt"))
+    return store.run("corrupt", inputs, _guarded(cfg, "corrupt", build), _v("corrupt"))
 
 
 def _write_set(tmp: Path, texts: list[str], family: str, severity: int, seed: int) -> dict:
@@ -275,7 +303,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         _write_predictions(preds, tmp / "predictions.parquet")
         return {"n_rows": len(rows), "n_predictions": sum(len(p["pred"]) for p in preds)}
 
-    return store.run("evaluate", inputs, build, _v("evaluate"))
+    return store.run("evaluate", inputs, _guarded(cfg, "evaluate", build), _v("evaluate"))
 
 
 def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train_texts, progress) -> tuple[list, list]:
@@ -459,7 +487,7 @@ def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corr
                 "wall_s": time.perf_counter() - t0,  # kept with the entry: a cached step still says what it cost
                 "cpu_s": time.process_time() - c0, "threads": torch.get_num_threads()}
 
-    return store.run("attribute", inputs, build, _v("attribute"))
+    return store.run("attribute", inputs, _guarded(cfg, "attribute", build), _v("attribute"))
 
 
 def load_attribution(out: StepOutput) -> dict:

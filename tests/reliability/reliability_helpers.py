@@ -27,6 +27,9 @@ if _out:
             json.dump({"prefect": any(m == "prefect" or m.startswith("prefect.") for m in mods),
                        "flow": "flows.pipeline" in mods, "torch_trained": "ttt_pipeline.modeling.train" in mods}, f)
     atexit.register(_dump)
+_fault = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault.py")
+if os.path.exists(_fault):  # a test's injected failure (tests/reliability/test_out_of_memory_cli.py)
+    exec(compile(open(_fault).read(), _fault, "exec"))
 """
 
 

@@ -6,13 +6,18 @@ configured batch size; on `torch.cuda.OutOfMemoryError` it frees the CUDA cache 
 half the batch. A second OOM becomes a PipelineError that names the sizes and the fix. Anything else (CPU
 `MemoryError`, bugs) passes through untouched. Under torchrun (a process group is up) there is no fallback:
 ranks must agree on the batch size, so the OOM is reported as an error at once.
+
+`memory_errors(stage, hint)` wraps each pipeline step: running out of memory in any way (torch's CPU allocator,
+Python, CUDA after the fallback) becomes an `OutOfMemory` error naming the stage and the settings that lower
+memory, which the command prints as `error:` / `hint:` instead of a traceback.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -62,3 +67,32 @@ def run_with_oom_fallback(train: Callable[[int], T], batch_size: int, what: str 
     raise PipelineError(f"CUDA out of memory in {what} at batch size {batch_size} and again at {smaller}",
                         f"set finetune.batch_size below {smaller} or a shorter model.max_length, "
                         "or use a larger GPU")
+
+
+class OutOfMemory(PipelineError):
+    """A stage ran out of memory: names the stage and the settings that lower its memory."""
+
+
+_MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory", "not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Python's MemoryError, CUDA's OutOfMemoryError, or a RuntimeError of torch's CPU allocator
+    (`DefaultCPUAllocator: can't allocate memory`), which has no class of its own."""
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _MEMORY_WORDS)
+
+
+@contextmanager
+def memory_errors(stage: str, hint: str) -> Iterator[None]:
+    """Out of memory anywhere in a stage becomes `error: out of memory in <stage>` and a hint with the settings
+    that lower memory, instead of a traceback; every other error passes through untouched."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, PipelineError) or not is_out_of_memory(exc):
+            raise
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        gc.collect()
+        raise OutOfMemory(f"out of memory in {stage} ({detail})", hint) from exc

@@ -1,0 +1,59 @@
+"""Out of memory in a stage ends `ttt-pipeline run` with `error:` naming the stage and a `hint:` naming the
+settings that lower memory: never a traceback (measured before: masked TTT's adaptation step died under
+`ulimit -v 4000000` with torch's `DefaultCPUAllocator: can't allocate memory` and a Prefect traceback)."""
+
+from __future__ import annotations
+
+import pytest
+from reliability_helpers import assert_plain_error, run_cli, tiny_config
+
+from ttt_pipeline import steps
+from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.modeling.oom import OutOfMemory, is_out_of_memory, memory_errors
+from ttt_pipeline.storage import StepStore
+
+ALLOCATOR = "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to " \
+            "allocate 91226112 bytes. Error code 12 (Cannot allocate memory)"
+# Loaded by the CLI's interpreter: the first masked TTT step fails as torch's CPU allocator does.
+FAULT = f"""
+import ttt_pipeline.defenses.base as base
+def _fail(*a, **k):
+    raise RuntimeError({ALLOCATOR!r})
+base.EpisodicEngine.predict = _fail
+"""
+
+
+def test_memory_errors_are_recognised_and_others_pass_through():
+    assert is_out_of_memory(RuntimeError(ALLOCATOR)) and is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("memory"))
+    with pytest.raises(OutOfMemory, match=r"out of memory in evaluate \(\[enforce fail") as err:
+        with memory_errors("evaluate", "lower ttt.batch_size"):
+            raise RuntimeError(ALLOCATOR)
+    assert err.value.hint == "lower ttt.batch_size"
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with memory_errors("evaluate", "x"):
+            raise RuntimeError("shape mismatch")
+
+
+def test_a_step_names_itself_and_its_settings(tmp_path, tiny_bert_dir, monkeypatch):
+    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir))
+    store = StepStore(cfg.store)
+    data = steps.download(cfg, store)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr("ttt_pipeline.modeling.tokenize.tokenize_dataset", no_memory)
+    with pytest.raises(OutOfMemory, match=r"out of memory in tokenise \(MemoryError\)") as err:
+        steps.tokenise(cfg, data, store)
+    assert "model.max_length (now 48)" in err.value.hint
+    assert steps.stored("tokenise", steps.tokenise_inputs(cfg, data), store) is None  # nothing half-written
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_masked_ttt_ends_the_run_with_error_and_hint(tmp_path, tiny_bert_dir):
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "fault.py").write_text(FAULT)  # run by the probe's sitecustomize in the CLI's process
+    run = run_cli(tmp_path, tiny_config(tmp_path, tiny_bert_dir, finetune={"epochs": 1}), timeout=600)
+    assert_plain_error(run, "error: out of memory in evaluate ([enforce fail",
+                       "hint: lower ttt.batch_size (now 8)", "ttt.params=layernorm")
