@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.stats import format_difference
 
 QUIET_PREFIXES = ("Finished in state Completed", "Finished in state Cached", "Beginning flow run",
@@ -27,12 +28,18 @@ QUIET_PREFIXES = ("Finished in state Completed", "Finished in state Cached", "Be
 
 
 class QuietPrefect(logging.Filter):
-    """Drops Prefect's routine lifecycle lines from a console handler; failures and warnings pass."""
+    """Drops Prefect's routine lifecycle lines from a console handler; failures and warnings pass, except what
+    the command prints itself when the run ends: a user error's traceback (as `error:` / `hint:` lines) and the
+    final "Finished in state Failed(...)" line (any failure ends with an `error:` line)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("prefect") and record.levelno <= logging.INFO:
+        if not record.name.startswith("prefect"):
+            return True
+        if record.levelno <= logging.INFO:
             return not record.getMessage().startswith(QUIET_PREFIXES)
-        return True
+        if record.exc_info and isinstance(record.exc_info[1], PipelineError):
+            return False
+        return not record.getMessage().startswith("Finished in state Failed(")
 
 
 class ConsoleFormatter(logging.Formatter):
