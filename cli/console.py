@@ -35,11 +35,12 @@ class QuietPrefect(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("prefect"):
             return True
-        if record.levelno <= logging.INFO:
-            return not record.getMessage().startswith(QUIET_PREFIXES)
-        if record.exc_info and isinstance(record.exc_info[1], PipelineError):
+        message = record.getMessage()
+        if message.startswith("Finished in state Failed("):
             return False
-        return not record.getMessage().startswith("Finished in state Failed(")
+        if record.levelno <= logging.INFO:
+            return not message.startswith(QUIET_PREFIXES)
+        return not (record.exc_info and isinstance(record.exc_info[1], PipelineError))
 
 
 class ConsoleFormatter(logging.Formatter):
