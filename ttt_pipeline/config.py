@@ -384,7 +384,9 @@ class AttributionConfig(Section):
                           "half the attributed training reviews; a multiple of 512 uses fast_jl on a GPU).")
     max_train: int = Field(2000, ge=16, description="Training reviews attributed (a seeded sample when there are "
                            "more).")
-    max_targets: int = Field(20, ge=1, description="Test reviews explained (drawn round-robin over reasons).")
+    max_targets: int = Field(20, ge=1, description="Targets explained: (set, review) pairs, so a review flipped on "
+                             "two corrupted sets can be two targets; drawn round-robin over the reasons (flips whose "
+                             "clean prediction was right first) in an order seeded by attribution.seed.")
     reasons: list[Literal["flip", "fixed", "broke"]] = Field(
         ["flip", "fixed", "broke"], min_length=1, description="Which reviews to explain: flip (corruption changed "
         "the undefended prediction), fixed / broke (a defense got right / wrong what the undefended model got wrong / "

@@ -94,7 +94,7 @@ def _champion(stack):
     from ttt_pipeline.config import load_config
 
     client = MlflowClient(f"sqlite:///{stack['home'] / 'mlflow.db'}")
-    return client, client.get_model_version_by_alias(load_config("demo").registry.model_name, "champion")
+    return client, client.get_model_version_by_alias(load_config("demo").model_name(), "champion")
 
 
 @pytest.fixture(scope="module")

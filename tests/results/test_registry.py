@@ -189,3 +189,21 @@ def test_flow_logs_plots_on_stage_and_parent_runs(two_runs):
                                                 dst_path=str(two_runs["tmp"] / "dl"), tracking_uri=two_runs["uri"])
     w, h = plots.png_size(local)
     assert w >= 900 and h >= 300  # 3 panels: CE loss, validation scores, joint MLM loss
+
+
+def test_the_alias_never_moves_to_a_model_with_other_labels(tracker, tmp_path, NAME):
+    """Issue 38: the registered model records its label set; a model of another task (a 4-class model under a
+    2-class model's name) is refused before a version is created, however good its metric."""
+    client = tracker.client
+    r1 = fake_pipeline_run(tracker, tmp_path, 0.50)
+    first = registry.register_run(client, r1, NAME, "acc_ttt", labels=["neg", "pos"])
+    assert first.promoted and first.labels == ["neg", "pos"]
+    assert client.get_registered_model(NAME).tags["labels"] == '["neg", "pos"]'
+    assert client.get_model_version(NAME, "1").tags["labels"] == '["neg", "pos"]'
+    r2 = fake_pipeline_run(tracker, tmp_path, 0.99)
+    with pytest.raises(registry.LabelMismatch, match=r"holds models for the labels \['neg', 'pos'\]; this run's "
+                       r"model predicts \['1', '2', '4', '5'\]"):
+        registry.register_run(client, r2, NAME, "acc_ttt", labels=["1", "2", "4", "5"])
+    assert champion(client, NAME) == "1" and len(client.search_model_versions(f"name = '{NAME}'")) == 1
+    r3 = fake_pipeline_run(tracker, tmp_path, 0.60)
+    assert registry.register_run(client, r3, NAME, "acc_ttt", labels=["neg", "pos"]).promoted  # same task: judged
