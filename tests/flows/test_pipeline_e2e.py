@@ -114,6 +114,12 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"mlflow_run_id", "acc_clean", "acc_corrupted", "acc_ttt", "cached_tasks", "wall_s"} <= set(summary)
     assert summary["cached_tasks"] == 5
+    # issue 38: the recommended defense (none: the tiny config recommends none) and the task's registered model
+    assert summary["default_defense"] == "none" and first["default_defense"] == "none"
+    champ = summary["champion"]
+    assert champ["model_name"] == "ttt-demo-reviews-1-2-3-4-5" and champ["metric"] == "acc_corrupted"
+    assert champ["value"] == pytest.approx(summary["acc_corrupted"]) and champ["alias_moved"] is False  # a tie
+    assert first["champion"]["alias_moved"] is True and first["champion"]["model_name"] == champ["model_name"]
     assert "cached tasks: 5/5   wall time" in proc.stdout  # nothing built, so no note about the input check
     assert summary["acc_clean"] == pytest.approx(first["acc_clean"])
     assert "mlflow ui --backend-store-uri" in proc.stdout
