@@ -130,6 +130,12 @@ def cmd_reevaluate(args) -> int:
     from ttt_pipeline.config import load_config
 
     cfg = _absolute(load_config(args.config, args.set))
+    if cfg.nightly.data_path:  # checked before any scoring: a missing file names nightly.data_path at once
+        from ttt_pipeline.data.newdata import resolve
+
+        resolve(cfg.nightly.data_path)
+        if "://" not in cfg.nightly.data_path:
+            cfg.nightly.data_path = str(Path(cfg.nightly.data_path).expanduser().resolve())
     _env_defaults(Path(cfg.store))
     setup_run_logging()
     _say(f"re-evaluating the champion of {cfg.data.path} under {cfg.evaluation.defense}")

@@ -104,3 +104,12 @@ def test_new_reviews_come_from_the_newest_file_of_a_folder(tmp_path):
     assert source.endswith("b.jsonl") and frame["label"].tolist() == [0, 0, 1, 1]  # 3 stars dropped by label_map
     with pytest.raises(DataError, match="nightly.data_path"):
         resolve(str(tmp_path / "missing"))
+
+
+def test_reevaluate_checks_nightly_data_path_before_any_scoring(capsys, tmp_path):
+    from cli.main import main
+
+    code = main(["reevaluate", "--set", f"nightly.data_path={tmp_path / 'missing.jsonl'}", "--set",
+                 f"store={tmp_path / 'store'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing.jsonl: no such file or folder" in err and "hint: check nightly.data_path" in err
