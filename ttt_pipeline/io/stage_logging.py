@@ -69,6 +69,8 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
                              "train_samples_per_s": m["train_samples_per_s"], "epochs_run": m["epochs_run"],
                              "mlm_warmup_steps": m["mlm_warmup_steps"],
                              "mlm_warmup_final_loss": m["mlm_warmup_final_loss"]})
+    if m.get("precision"):  # what `precision: auto` resolved to on this machine, and why
+        tracker.tags(run_id, {"precision": m["precision"], "precision_reason": m["precision_reason"]})
     if m.get("oom_halved_batch_size"):  # the CUDA OOM fallback changed the recipe: say so
         tracker.params(run_id, {k: m[k] for k in ("oom_halved_batch_size", "oom_original_batch_size") if k in m})
     tracker.artifact(run_id, Path(out.path) / "history.json")
