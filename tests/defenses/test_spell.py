@@ -8,6 +8,7 @@ import pytest
 
 from ttt_pipeline.corruption import corrupt_texts
 from ttt_pipeline.corruption.samples import synthetic_reviews
+from ttt_pipeline.defenses import spell
 from ttt_pipeline.defenses.spell import SpellRepair, get_repair, vocabulary_counts
 
 
@@ -93,6 +94,51 @@ def test_speed(repair):
     out = fresh.repair_all(texts)
     rate = len(texts) / (time.perf_counter() - start)
     assert len(out) == 200 and rate > 50, f"{rate:.0f} reviews/s"
+
+
+def _sample() -> list[str]:
+    clean = synthetic_reviews(150, seed=5)
+    return (clean + corrupt_texts(clean, "tutorial", 4, 11).texts + corrupt_texts(clean, "keyboard", 4, 12).texts
+            + ["I ahd a good time", "ths is great", "Tis is good", "I, ahd", "TThe BATTRY  goooood\tteh"])
+
+
+def test_caches_change_no_output(monkeypatch):
+    """Every cache (word, token, word between neighbours) gives what repairing without caches gives: with a
+    limit of one entry, every cache is emptied at each new entry, so each token is resolved afresh."""
+    texts = _sample()
+    cached = SpellRepair()
+    first = cached.repair_all(texts)
+    assert cached.repair_all(texts) == first  # a second, fully cached pass
+    assert cached._ranks and cached._tokens and cached._cache
+    monkeypatch.setattr(spell, "_CACHE_LIMIT", 1)
+    uncached = SpellRepair()
+    assert uncached.repair_all(texts) == first
+    assert max(len(uncached._ranks), len(uncached._tokens), len(uncached._cache)) <= 1
+    assert first[-5:] == ["I had a good time", "this is great", "This is good", "I, and", "The BATTERY  good\tthe"]
+
+
+def test_caches_are_bounded(monkeypatch):
+    monkeypatch.setattr(spell, "_CACHE_LIMIT", 50)
+    texts = _sample()
+    repair = SpellRepair()
+    sizes = []
+    for t in texts:
+        repair.repair(t)
+        sizes.append(max(len(repair._ranks), len(repair._tokens), len(repair._cache)))
+    assert max(sizes) == 50
+    assert repair.repair_all(texts) == SpellRepair().repair_all(texts)  # cleared and refilled: same outputs
+
+
+def test_warm_speed(repair):
+    """A lenient floor on a warm cache (the shared repair from batch to batch; bench/spell_repair.py records the
+    figures: thousands of reviews/s once the words were seen)."""
+    texts = synthetic_reviews(200, seed=1)
+    fresh = SpellRepair()
+    fresh.repair_all(texts)
+    start = time.perf_counter()
+    fresh.repair_all(texts)
+    rate = len(texts) / (time.perf_counter() - start)
+    assert rate > 1000, f"{rate:.0f} reviews/s"
 
 
 # --- typo fixes beyond SymSpell's closest word (DEFAULT_FIXES, chosen by bench/spell_repair.py's rule)

@@ -50,6 +50,8 @@ BIGRAMS = "frequency_bigramdictionary_en_243_342.txt"
 EXTRA_COUNT = 10_000_000
 # Word runs with internal apostrophes (don't, it’s); everything between them is copied verbatim.
 _TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+# The same, as re.split's one group: [gap, word, gap, word, ..., gap] in a single C call (repair's loop).
+_SPLIT = re.compile(f"({_TOKEN.pattern})")
 _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
@@ -60,7 +62,7 @@ FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "co
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
-_CACHE_LIMIT = 500_000  # per-instance word cache entries; cleared when full (bounded memory)
+_CACHE_LIMIT = 500_000  # entries of each per-instance cache; a cache is cleared when full (bounded memory)
 
 
 @lru_cache(maxsize=4)
@@ -151,6 +153,14 @@ def _recase(word: str, fixed: str) -> str:
     return fixed
 
 
+def _remember(cache: dict, key, value):
+    """cache[key] = value, the cache cleared first when it holds _CACHE_LIMIT entries; returns value."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 class SpellRepair:
     """Repairs misspelled words of a text, leaving everything else byte for byte (see the module docstring)."""
 
@@ -183,7 +193,12 @@ class SpellRepair:
             self._pairs, pairs_total, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
             self._scale = pairs_total / self._total  # bigram per unigram count: the lists come from different corpora
+        # Caches, each bounded by _CACHE_LIMIT (outputs never depend on them: every entry is a pure function of
+        # its key): lower-case word -> correction (_correct); word as written -> its repair, or (word, candidates)
+        # when neighbours choose (_resolve); (word, before, after) -> the repair chosen between those neighbours.
         self._cache: dict[str, str | tuple | None] = {}
+        self._tokens: dict[str, str | tuple[str, tuple]] = {}
+        self._ranks: dict[tuple[str, str | None, str | None], str] = {}
 
     def _known(self, word: str) -> bool:
         return word in self._sym.words or word in self.extra_words or word in self._keep_bare
@@ -256,8 +271,8 @@ class SpellRepair:
         low = word.lower()
         return low if self._count(low) > 0 else None
 
-    def _word(self, match: re.Match, before: str | None, after: str | None) -> str:
-        word = match.group(0)
+    def _resolve(self, word: str) -> str | tuple[str, tuple]:
+        """A token's repair, or (its spelling, equally close candidates) when its neighbours choose (_in_context)."""
         if not _CANDIDATE.fullmatch(word):
             return word
         if not _plain_case(word) and "case" in self.fixes:
@@ -270,12 +285,20 @@ class SpellRepair:
         try:
             fixed = self._cache[low]
         except KeyError:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            fixed = self._cache[low] = self._correct(low)
+            fixed = _remember(self._cache, low, self._correct(low))
         if isinstance(fixed, tuple):
-            fixed = self._ranked(fixed, self._neighbour(before), self._neighbour(after))
+            return word, fixed
         return word if fixed is None else _recase(word, fixed)
+
+    def _in_context(self, resolved: tuple[str, tuple], before: str | None, after: str | None) -> str:
+        """The candidate of `resolved` (_resolve) most probable between the repaired left and the written right
+        neighbour (None: no neighbour across a space), re-cased like the word."""
+        word, found = resolved
+        key = (word, self._neighbour(before), self._neighbour(after))
+        try:
+            return self._ranks[key]
+        except KeyError:
+            return _remember(self._ranks, key, _recase(word, self._ranked(found, key[1], key[2])))
 
     def _case_typo(self, word: str) -> str:
         """Shift-key slips on a capitalised word, undone: a doubled capital (TThe -> The) or the capital one
@@ -290,17 +313,21 @@ class SpellRepair:
 
     def repair(self, text: str) -> str:
         """The text with its misspelled words replaced; everything else unchanged."""
-        # Left to right, so a word's left neighbour is already repaired; neighbours count only across spaces.
-        matches = list(_TOKEN.finditer(text))
-        out, end, before = [], 0, None
-        for m, following in zip(matches, matches[1:] + [None]):
-            gap = text[end:m.start()]
-            spaced = following is not None and text[m.end():following.start()].isspace()
-            fixed = self._word(m, before if gap.isspace() else None, following.group(0) if spaced else None)
-            out += [gap, fixed]
-            end, before = m.end(), fixed
-        out.append(text[end:])
-        return "".join(out)
+        # parts alternate gap, word, gap, ..., gap. Left to right, so a word's left neighbour is already repaired;
+        # neighbours count only across spaces. Each distinct token is resolved once (_tokens), so a known word
+        # costs one dict lookup; only words whose equally close candidates tie on distance look at neighbours.
+        parts = _SPLIT.split(text)
+        tokens, last = self._tokens, len(parts) - 2
+        for i in range(1, len(parts), 2):
+            token = parts[i]
+            fixed = tokens.get(token)
+            if fixed is None:
+                fixed = _remember(tokens, token, self._resolve(token))
+            if fixed.__class__ is tuple:
+                fixed = self._in_context(fixed, parts[i - 2] if i > 1 and parts[i - 1].isspace() else None,
+                                         parts[i + 2] if i < last and parts[i + 1].isspace() else None)
+            parts[i] = fixed
+        return "".join(parts)
 
     def repair_all(self, texts: list[str]) -> list[str]:
         return [self.repair(t) for t in texts]
