@@ -11,11 +11,18 @@ command, unless --skip-bad-rows. Output (by its suffix: .jsonl, .json, .csv, .ts
 in order, with `label`, `probability` and `probabilities` (class -> probability; a JSON string in CSV/TSV)
 added; an input field of one of those names is kept as `input_<name>`. The output file appears only complete
 (written beside it, then renamed): an error leaves no partial file.
+
+Streaming: the input is read twice, in chunks of CHUNK_ROWS rows (Parquet by record batches): once to check
+every row, then to classify and write chunk by chunk, so memory does not grow with the file. Chunks are whole
+model batches (`ttt.batch_size`), so each batch, and each prediction, is the one a single pass would give. Two
+exceptions read the whole input at once: a JSON file (one array: JSON Lines streams) and online TTT
+(`ttt.online`, whose adapted weights carry from batch to batch over the whole input).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import json
 import os
@@ -25,7 +32,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ttt_pipeline.errors import ConfigError, DataError
 
@@ -34,6 +41,8 @@ OUTPUTS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 ADDED = ("label", "probability", "probabilities")
 LISTED = 10  # bad rows named in a message
 PROGRESS_MIN = 200  # inputs at least this long get a progress bar
+_PIECE = 1 << 20  # bytes decoded at a time by the encoding check
+CHUNK_ROWS = 1024  # rows read, classified and written at a time (rounded down to whole batches, at least one)
 
 
 @dataclass
@@ -45,6 +54,11 @@ class Rows:
     where: list[str] = field(default_factory=list)
     bad: list[tuple[str, str]] = field(default_factory=list)  # (line 7, why)
     columns: list[str] = field(default_factory=list)
+    counted: int = 0  # good rows counted but not kept (scan_rows)
+
+    @property
+    def good(self) -> int:
+        return len(self.texts) + self.counted
 
     def add(self, where: str, row: dict[str, Any], text: Any, column: str) -> None:
         if column not in row:
@@ -79,15 +93,39 @@ def _missing(value: Any) -> bool:
 
 def _encoding(path: Path) -> str:
     """UTF-8, or the UTF-16 / UTF-32 a byte-order mark announces (a spreadsheet's "Unicode text" export), as the
-    pipeline's own data reader takes; anything else is refused with the conversion command."""
-    from ttt_pipeline.data.readers import text_encoding
+    pipeline's own data reader (`text_encoding`) takes, without holding the file: the mark and the check for
+    UTF-16 without one read its head, the decoding check streams in pieces. A file that fails either is handed
+    to `text_encoding` itself, whose error names the problem and the conversion command (that path reads the
+    whole file, once, to fail)."""
+    from ttt_pipeline.data.readers import BOMS, text_encoding
 
-    return text_encoding(path)
+    with open(path, "rb") as f:
+        head = f.read(_PIECE)
+        encoding = next((enc for bom, enc in BOMS if head.startswith(bom)), "utf-8-sig")
+        first = head[:4096]
+        if encoding == "utf-8-sig" and len(first) >= 4 and first.count(0) * 3 >= len(first):
+            return text_encoding(path)  # raises: UTF-16 whose mark was stripped
+        decoder = codecs.getincrementaldecoder(encoding)()
+        try:
+            piece = head
+            while piece:
+                decoder.decode(piece)
+                piece = f.read(_PIECE)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return text_encoding(path)  # raises, naming the byte
+    return encoding
 
 
-def _read_delimited(path: Path, sep: str, column: str) -> Rows:
+# Each reader yields (where, row, None) for a record or (where, None, why) for a bad one, lazily, so that
+# iter_rows can cut the file into chunks. CSV/TSV and JSON Lines use the standard library's streaming readers
+# (csv.reader, line iteration) rather than pandas' chunked readers: they give each record's line number and the
+# exact field count, which the bad-row messages name.
+Records = Iterator[tuple[str, Any, Any]]
+
+
+def _read_delimited(path: Path, sep: str, column: str) -> Records:
     encoding = _encoding(path)
-    out = Rows()
     csv.field_size_limit(2**31 - 1)
     with open(path, encoding=encoding, newline="") as f:
         reader = csv.reader(f, delimiter=sep, strict=True)  # an unclosed quote is an error, not one huge field
@@ -99,28 +137,23 @@ def _read_delimited(path: Path, sep: str, column: str) -> Rows:
             if column not in header:
                 raise DataError(f"{path}: no column '{column}' (columns: {header})",
                                 "name the review column with --text-column")
-            out.columns = list(header)
             prev = reader.line_num
             for rec in reader:
                 start, prev = prev + 1, reader.line_num
                 if not rec:  # a blank line
                     continue
-                where = f"line {start}"
                 if len(rec) != len(header):
-                    out.bad.append((where, f"{len(rec)} fields, the header has {len(header)}"))
+                    yield f"line {start}", None, f"{len(rec)} fields, the header has {len(header)}"
                     continue
-                row = dict(zip(header, rec))
-                out.add(where, row, row[column], column)
+                yield f"line {start}", dict(zip(header, rec)), None
         except csv.Error as exc:  # structural: the rest of the file cannot be trusted
             raise DataError(f"{path}: line {prev + 1}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'} ({exc})",
                             "check the quoting of the row starting on that line (a quote opened and never "
                             "closed swallows the lines after it)") from None
-    return out
 
 
-def _read_jsonl(path: Path, column: str) -> Rows:
+def _read_jsonl(path: Path, column: str) -> Records:
     encoding = _encoding(path)
-    out = Rows()
     with open(path, encoding=encoding) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -129,66 +162,85 @@ def _read_jsonl(path: Path, column: str) -> Rows:
             try:
                 obj = json.loads(line)
             except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-                out.bad.append((where, f"invalid JSON ({getattr(exc, 'msg', type(exc).__name__)})"))
+                yield where, None, f"invalid JSON ({getattr(exc, 'msg', type(exc).__name__)})"
                 continue
             if not isinstance(obj, dict):
-                out.bad.append((where, f"a JSON {type(obj).__name__}, not an object"))
+                yield where, None, f"a JSON {type(obj).__name__}, not an object"
                 continue
-            out.add(where, obj, obj.get(column), column)
-    return out
+            yield where, obj, None
 
 
-def _read_json(path: Path, column: str) -> Rows:
+def _read_json(path: Path, column: str) -> Records:
+    """One JSON array, parsed whole (the json module has no streaming parser; JSON Lines streams)."""
     text = path.read_text(encoding=_encoding(path))
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
-        return _read_jsonl(path, column)  # .json files holding JSON Lines are common
+        del text
+        yield from _read_jsonl(path, column)  # .json files holding JSON Lines are common
+        return
     except (RecursionError, ValueError) as exc:
         raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
                         "give a list of review objects") from None
+    del text
     if isinstance(obj, dict):
         obj = next((obj[k] for k in ("data", "rows", "records", "reviews") if isinstance(obj.get(k), list)), obj)
     if not isinstance(obj, list):
         raise DataError(f"{path}: expected a list of objects", f'give [{{"{column}": "..."}}, ...] or JSON Lines')
-    out = Rows()
     for i, row in enumerate(obj, 1):
         if not isinstance(row, dict):
-            out.bad.append((f"record {i}", f"a JSON {type(row).__name__}, not an object"))
+            yield f"record {i}", None, f"a JSON {type(row).__name__}, not an object"
             continue
-        out.add(f"record {i}", row, row.get(column), column)
-    return out
+        yield f"record {i}", row, None
 
 
-def _read_parquet(path: Path, column: str) -> Rows:
-    import pandas as pd
+def _parquet_error(path: Path, exc: Exception) -> DataError:
+    return DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
+                     "check the file is a complete Parquet file")
+
+
+def _read_parquet(path: Path, column: str, batch_rows: int = CHUNK_ROWS) -> Records:
+    """Record batches of pyarrow's ParquetFile.iter_batches, each converted by pandas as pd.read_parquet does
+    (the index columns it stored are not review fields)."""
+    import pyarrow.parquet as pq
 
     try:
-        frame = pd.read_parquet(path)
+        pf = pq.ParquetFile(path)
+        index = {c for c in (pf.schema_arrow.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)}
     except Exception as exc:  # pyarrow raises many types for a damaged file
-        raise DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
-                        "check the file is a complete Parquet file") from None
-    if column not in frame.columns:
-        raise DataError(f"{path}: no column '{column}' (columns: {list(frame.columns)})",
+        raise _parquet_error(path, exc) from None
+    columns = [c for c in pf.schema_arrow.names if c not in index]
+    if column not in columns:
+        raise DataError(f"{path}: no column '{column}' (columns: {columns})",
                         "name the review column with --text-column")
-    out = Rows(columns=[str(c) for c in frame.columns])
-    for i, row in enumerate(frame.to_dict("records"), 1):
-        out.add(f"row {i}", row, row[column], column)
-    return out
+    i = 0
+    batches = pf.iter_batches(batch_size=batch_rows)
+    while True:
+        try:
+            batch = next(batches, None)
+            records = None if batch is None else batch.to_pandas().to_dict("records")
+        except Exception as exc:
+            raise _parquet_error(path, exc) from None
+        if records is None:
+            return
+        for row in records:
+            i += 1
+            yield f"row {i}", row, None
 
 
-def _read_text(path: Path, column: str) -> Rows:
+def _read_text(path: Path, column: str) -> Records:
     encoding = _encoding(path)
-    out = Rows(columns=[column])
+    lineno = 0
     with open(path, encoding=encoding, newline="") as f:
-        lines = f.read().splitlines()
-    for lineno, line in enumerate(lines, 1):
-        out.add(f"line {lineno}", {column: line}, line, column)
-    return out
+        for chunk in f:  # split on \n, \r, \r\n; splitlines() also on the rarer breaks str.splitlines knows
+            for line in chunk.splitlines():
+                lineno += 1
+                yield f"line {lineno}", {column: line}, None
 
 
-def read_rows(path: Path, column: str = "text") -> Rows:
-    """Every row of an input file, each good or bad (with where and why); file-level problems raise."""
+def iter_rows(path: Path, column: str = "text", chunk_rows: int | None = CHUNK_ROWS) -> Iterator[Rows]:
+    """The rows of an input file in chunks of at most `chunk_rows` records, good or bad (None: one chunk), in
+    file order; each chunk's `columns` are the fields seen so far. File-level problems raise."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file", "check --input")
@@ -199,8 +251,35 @@ def read_rows(path: Path, column: str = "text") -> Rows:
         raise DataError(f"{path}: the file is empty", "give a file with reviews")
     reader = {".csv": lambda: _read_delimited(path, ",", column), ".tsv": lambda: _read_delimited(path, "\t", column),
               ".jsonl": lambda: _read_jsonl(path, column), ".json": lambda: _read_json(path, column),
-              ".parquet": lambda: _read_parquet(path, column), ".txt": lambda: _read_text(path, column)}[suffix]
-    return reader()
+              ".parquet": lambda: _read_parquet(path, column, chunk_rows or CHUNK_ROWS),
+              ".txt": lambda: _read_text(path, column)}[suffix]
+    out = Rows()
+    for where, row, why in reader():
+        if row is None:
+            out.bad.append((where, why))
+        else:
+            out.add(where, row, row.get(column), column)
+        if chunk_rows and len(out.rows) + len(out.bad) >= chunk_rows:
+            yield out
+            out = Rows(columns=list(out.columns))
+    yield out
+
+
+def read_rows(path: Path, column: str = "text") -> Rows:
+    """Every row of an input file, each good or bad (with where and why); file-level problems raise."""
+    return next(iter_rows(path, column, None))
+
+
+def scan_rows(path: Path, column: str = "text") -> Rows:
+    """The bad rows, the fields and the number of good rows of a file, read in chunks (its rows are not kept)."""
+    out = Rows()
+    good = 0
+    for chunk in iter_rows(path, column):
+        out.bad += chunk.bad
+        out.columns = chunk.columns
+        good += chunk.good
+    out.counted = good
+    return out
 
 
 def check_rows(path: Path, rows: Rows, skip_bad: bool) -> None:
@@ -211,7 +290,7 @@ def check_rows(path: Path, rows: Rows, skip_bad: bool) -> None:
         raise DataError(f"{path}: {len(rows.bad)} bad row(s): {listed}{more}",
                         "fix those rows, or pass --skip-bad-rows to classify the others (the skipped rows are "
                         "listed)")
-    if not rows.texts:
+    if not rows.good:
         raise DataError(f"{path}: no reviews to classify" + (f" ({len(rows.bad)} bad row(s))" if rows.bad else ""),
                         "give at least one row with a review text")
 
@@ -248,30 +327,89 @@ def atomic_output(path: Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+def _json_item(row: dict[str, Any]) -> str:
+    """A row as json.dump(rows, indent=1) writes it inside the list: indented one more level."""
+    return " " + json.dumps(row, ensure_ascii=False, default=_jsonable, indent=1).replace("\n", "\n ")
+
+
+class _ParquetChunks:
+    """Chunks appended to one Parquet file (pyarrow's ParquetWriter), each converted by pandas as to_parquet
+    does; the first chunk fixes the schema (a column that is all null there is taken as text)."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path, self.columns, self.writer = path, columns, None
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        frame = pd.DataFrame(rows, columns=self.columns)
+        if self.writer is None:
+            schema = pa.Schema.from_pandas(frame, preserve_index=False)
+            for i, f in enumerate(schema):
+                if pa.types.is_null(f.type):
+                    schema = schema.set(i, f.with_type(pa.string()))
+            self.writer = pq.ParquetWriter(self.path, schema)
+        try:
+            table = pa.Table.from_pandas(frame, schema=self.writer.schema, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"{self.path.name}: a column changes type between rows ({exc})",
+                            "write .jsonl or .csv output, or give the column one type") from None
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        if self.writer is None:  # no rows: the empty table pandas writes
+            import pandas as pd
+
+            pd.DataFrame([], columns=self.columns).to_parquet(self.path, index=False)
+        else:
+            self.writer.close()
+
+
+@contextmanager
+def open_output(path: Path, columns: list[str]) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """A function that appends rows (merged input rows and predictions) to the output; the file appears, complete,
+    when the block succeeds (atomic_output), and never when it fails."""
     suffix = path.suffix.lower()
     columns = [(f"input_{c}" if c in ADDED else c) for c in columns] + list(ADDED)
     with atomic_output(path) as tmp:
         if suffix == ".parquet":
-            import pandas as pd
-
-            pd.DataFrame(rows, columns=columns).to_parquet(tmp, index=False)
+            chunks = _ParquetChunks(tmp, columns)
+            try:
+                yield chunks.write
+            finally:
+                chunks.close()
             return
         with open(tmp, "w", encoding="utf-8", newline="") as f:
-            if suffix == ".jsonl":
-                for r in rows:
-                    f.write(json.dumps(r, ensure_ascii=False, default=_jsonable) + "\n")
-            elif suffix == ".json":
-                json.dump(rows, f, ensure_ascii=False, default=_jsonable, indent=1)
-            else:
+            first = [True]
+            if suffix == ".json":
+                f.write("[")
+            elif suffix != ".jsonl":
                 w = csv.DictWriter(f, fieldnames=columns, delimiter="\t" if suffix == ".tsv" else ",",
                                    extrasaction="ignore")
                 w.writeheader()
-                for r in rows:
-                    w.writerow({k: (json.dumps(v, ensure_ascii=False, default=_jsonable)
-                                    if isinstance(v, (dict, list)) else v) for k, v in r.items()})
+
+            def write(rows: list[dict[str, Any]]) -> None:
+                if suffix == ".jsonl":
+                    f.writelines(json.dumps(r, ensure_ascii=False, default=_jsonable) + "\n" for r in rows)
+                elif suffix == ".json":
+                    for r in rows:
+                        f.write(("\n" if first[0] else ",\n") + _json_item(r))
+                        first[0] = False
+                else:
+                    w.writerows({k: (json.dumps(v, ensure_ascii=False, default=_jsonable)
+                                     if isinstance(v, (dict, list)) else v) for k, v in r.items()} for r in rows)
+            yield write
+            if suffix == ".json":
+                f.write("]" if first[0] else "\n]")
             f.flush()
             os.fsync(f.fileno())
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    with open_output(path, columns) as write:
+        write(rows)
 
 
 # ---------------------------------------------------------------------- the command
@@ -345,12 +483,12 @@ def cmd_predict(args) -> int:
         raise ConfigError("--output is the input file", "write the predictions to another file")
     overrides = ttt_overrides(args.set)
     _check_settings(args.method, overrides)
-    rows = read_rows(inp, args.text_column)  # everything is checked before the model loads
-    check_rows(inp, rows, args.skip_bad_rows)
-    for where, why in rows.bad[:LISTED]:
+    scan = scan_rows(inp, args.text_column)  # every row is checked before the model loads
+    check_rows(inp, scan, args.skip_bad_rows)
+    for where, why in scan.bad[:LISTED]:
         print(f"skipped {inp.name} {where}: {why}", file=sys.stderr)
-    if len(rows.bad) > LISTED:
-        print(f"skipped {len(rows.bad) - LISTED} more bad rows", file=sys.stderr)
+    if len(scan.bad) > LISTED:
+        print(f"skipped {len(scan.bad) - LISTED} more bad rows", file=sys.stderr)
 
     from ttt_pipeline.io.mlflow_model import load_classifier
     from ttt_pipeline.modeling.train import set_threads
@@ -362,28 +500,50 @@ def cmd_predict(args) -> int:
     method, ttt = clf.settings(args.method, **overrides)  # validated before the long part
     clf.prepare(method, **overrides)  # spell's dictionary: loading, not classifying
     load_s = time.perf_counter() - t0
-    bar = _Progress(len(rows.texts), not args.quiet)
     t1 = time.perf_counter()
-    try:
-        preds = clf.predict(rows.texts, method, bar, **overrides)
-    finally:
-        bar.close()
+    counts = _predict_file(clf, inp, outp, scan, args, method, ttt, overrides)
     predict_s = time.perf_counter() - t1
-    write_rows(outp, [merge(r, p) for r, p in zip(rows.rows, preds)], rows.columns)
-    rate = len(preds) / predict_s if predict_s > 0 else float("inf")
-    counts: dict[str, int] = {}
-    for p in preds:
-        counts[p["label"]] = counts.get(p["label"], 0) + 1
-    print(f"{len(preds)} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
-          f"loaded in {load_s:.1f} s){f', {len(rows.bad)} bad rows skipped' if rows.bad else ''} -> {outp}",
+    n = sum(counts.values())
+    rate = n / predict_s if predict_s > 0 else float("inf")
+    print(f"{n} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
+          f"loaded in {load_s:.1f} s){f', {len(scan.bad)} bad rows skipped' if scan.bad else ''} -> {outp}",
           file=sys.stderr)
     if args.json:
         sys.stdout.flush()
-        print(json.dumps({"output": str(outp), "n": len(preds), "skipped": [w for w, _ in rows.bad],
+        print(json.dumps({"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
                           "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
                           "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
                           "settings": {k: getattr(ttt, k) for k in overrides}}))
     return 0
+
+
+def chunk_size(ttt) -> int | None:
+    """Rows per chunk: CHUNK_ROWS rounded down to whole batches (at least one), so batches are those of one pass;
+    None (the whole input) for online TTT, whose adapted weights carry over the whole stream."""
+    if getattr(ttt, "online", False):
+        return None
+    batch = max(int(getattr(ttt, "batch_size", 1)), 1)
+    return max(CHUNK_ROWS // batch, 1) * batch
+
+
+def _predict_file(clf, inp: Path, outp: Path, scan: Rows, args, method: str, ttt, overrides) -> dict[str, int]:
+    """Classify the input chunk by chunk into the output (complete, or not at all); returns the label counts."""
+    bar = _Progress(scan.good, not args.quiet)
+    counts: dict[str, int] = {}
+    done = 0
+    try:
+        with open_output(outp, scan.columns) as write:
+            for chunk in iter_rows(inp, args.text_column, chunk_size(ttt)):
+                if not chunk.texts:
+                    continue
+                preds = clf.predict(chunk.texts, method, lambda k, _n, at=done: bar(at + k, scan.good), **overrides)
+                write([merge(r, p) for r, p in zip(chunk.rows, preds)])
+                done += len(preds)
+                for p in preds:
+                    counts[p["label"]] = counts.get(p["label"], 0) + 1
+    finally:
+        bar.close()
+    return counts
 
 
 def _quiet_transformers() -> None:
@@ -400,7 +560,9 @@ def add_command(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, metavar="SOURCE",
                    help="model folder, MLflow run id, models:/<name>@<alias> or models:/<name>/<version>")
-    p.add_argument("--input", required=True, metavar="FILE", help=f"reviews ({', '.join(INPUTS)})")
+    p.add_argument("--input", required=True, metavar="FILE",
+                   help=f"reviews ({', '.join(INPUTS)}), read in chunks of ~{CHUNK_ROWS} rows; a .json array is "
+                   "read whole (use .jsonl for large inputs)")
     p.add_argument("--output", required=True, metavar="FILE",
                    help=f"input rows plus label, probability, probabilities ({', '.join(OUTPUTS)})")
     p.add_argument("--text-column", default="text", help="column or field holding the review (default: text)")
