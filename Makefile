@@ -7,10 +7,10 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all test-fast test-integration test-browser bench lint audit serve stop clean help
+.PHONY: setup run test test-slow test-all test-integration test-browser bench lint audit serve stop clean help
 
 help:
-	@echo "make setup | run | lint | test | test-fast | test-integration | test-browser | bench | serve | stop | audit | clean"
+	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | bench | serve | stop | audit | clean"
 
 setup: $(STAMP)
 
@@ -27,12 +27,16 @@ RUN_ARGS ?=
 run: setup
 	$(BIN)/ttt-pipeline run --config $(CONFIG) $(RUN_ARGS)
 
-# Unit and end-to-end tests (offline, < 20 min on 2 cores, the demo preset's first run included). CI also runs
-# test-integration and test-browser.
+# Unit tests and smoke runs (offline, seconds each; <= 10 min on 2 cores): what a developer runs on every change.
+# The end-to-end runs (the demo preset, crash and stop safety, the benches' quick modes) carry the `slow` marker:
+# `make test-slow`, which CI runs once after it. CI also runs test-integration and test-browser.
 test: setup
-	$(BIN)/python -m pytest -q -m "not integration and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)
 
-test-all: test test-integration test-browser
+test-slow: setup
+	$(BIN)/python -m pytest -q -m "slow and not integration and not browser" $(PYTEST_ARGS)
+
+test-all: test test-slow test-integration test-browser
 
 # ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
 # functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows and the CLI.
@@ -40,9 +44,6 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/function_length.py ttt_pipeline tasks flows cli --max 80
-
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)
 
 test-integration: setup
 	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)
