@@ -17,7 +17,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install "torch==2.13.0" --index-url "${TORCH_INDEX_URL}"
 
 WORKDIR /opt/ttt-pipeline
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml README.md* LICENSE constraints.txt ./
 COPY ttt_pipeline ttt_pipeline
 COPY tasks tasks
 COPY flows flows
@@ -26,7 +26,7 @@ COPY configs configs
 COPY prefect.yaml ./
 # editable: the presets in configs/ resolve next to the package; psycopg2 is MLflow's postgres driver
 # (Prefect's, asyncpg, is already one of its dependencies)
-RUN pip install -e . "psycopg2-binary>=2.9" \
+RUN pip install -e . "psycopg2-binary>=2.9" -c constraints.txt \
  && pip check
 
 COPY data/demo /srv/ttt/data/demo

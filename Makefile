@@ -7,21 +7,39 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow test-all test-integration test-browser bench lint audit serve stop clean help
+.PHONY: setup lock run test test-slow test-all test-integration test-browser bench lint audit serve stop clean help
 
 help:
 	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | bench | serve | stop | audit | clean"
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Torch by choice: TORCH=cpu (default) installs the CPU build (`pip show torch`: 2.13.0+cpu; no CUDA libraries),
+# from a local wheel where the machine has one, else from PyTorch's CPU index; TORCH=cuda installs PyPI's default
+# build, which on Linux carries CUDA (several GB). Everything else is pinned by constraints.txt (make lock).
+TORCH ?= cpu
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0          # the CPU wheel first: a newer torch pulls CUDA
-	$(BIN)/python -m pip install -q -e ".[test]"
+	@case "$(TORCH)" in \
+	  cpu) $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	       || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX) ;; \
+	  cuda) $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" ;; \
+	  *) echo "error: TORCH=$(TORCH) is not a torch build"; echo "hint: make setup TORCH=cpu (default) or TORCH=cuda"; \
+	     exit 2 ;; \
+	esac
+	$(BIN)/python -m pip install -q -e ".[test]" -c constraints.txt
 	$(BIN)/python -m pip install -q --no-deps torch-ttt==0.0.2   # reference engine, tests and benches only
 	$(BIN)/python -m pip check
 	@touch $(STAMP)
+
+# constraints.txt from the current .venv (after changing pyproject.toml and passing make test-all)
+lock: setup
+	@{ sed -n '1,3p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
+		| grep -v -i -E '^(torch|torch-ttt)=='; } > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
 
 RUN_ARGS ?=
 run: setup
