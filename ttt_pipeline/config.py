@@ -219,6 +219,15 @@ class CorruptionConfig(Section):
         bad = [f for f in v if f not in known]
         if bad:
             raise ValueError(f"unknown families {bad}; choose from {known}")
+        external = [f for f in v if f.startswith("ext:")]
+        if external:
+            from ttt_pipeline.corruption.external import require
+            from ttt_pipeline.errors import PipelineError
+
+            try:
+                require(external[0])
+            except PipelineError as exc:
+                raise ValueError(f"{exc.message}; {exc.hint}") from None
         return list(dict.fromkeys(v))
 
 

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from ttt_pipeline.corruption.corrupt import corrupt_texts
 from ttt_pipeline.corruption.registry import FAMILIES, SEVERITY_RATES, get_family
+from ttt_pipeline.errors import PipelineError
 
 __all__ = ["add_arguments", "run", "main", "read_texts", "write_texts"]
 
@@ -114,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
         write_texts(args.output, cs.texts)
     except _Usage as exc:
         print("error: " + _one_line(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    except PipelineError as exc:  # an `ext:` family without its optional library
+        print("error: " + _one_line(exc.message), file=sys.stderr)
+        print("hint: " + _one_line(exc.hint or ""), file=sys.stderr)
         return EXIT_USAGE
 
     summary = {

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 
-from ttt_pipeline.corruption import characters, punctuation, tutorial, words
+from ttt_pipeline.corruption import characters, external, misspellings, punctuation, tutorial, words
 
 __all__ = ["Family", "FAMILIES", "SEVERITY_RATES", "list_families", "get_family"]
 
@@ -36,6 +36,11 @@ class Family:
     @property
     def uses_severity(self) -> bool:
         return self.fixed_stream is None
+
+    @property
+    def external(self) -> bool:
+        """Written by another library (`ext:` families): the held-out test, never used to choose a defense."""
+        return external.is_external(self.name)
 
 
 def _registry(*fams: Family) -> dict[str, Family]:
@@ -66,11 +71,17 @@ FAMILIES: dict[str, Family] = _registry(
            "severity is recorded but ignored; rate = fraction of words changed",
            tutorial.tutorial_family,
            fixed_stream=tutorial.stream_key(tutorial.TUTORIAL_CHAR_PROB, tutorial.TUTORIAL_WORD_PROB)),
+    Family("misspelling", "word",
+           "real human misspellings (recieve, definately, becuase) from codespell's list of Wikipedia's common "
+           "misspellings; rate = share of the words that list covers", misspellings.misspelling),
+    *(Family(name, "word", f"external: nlpaug {cls} (optional extra `external`); rate = share of words altered",
+             external.external_family(name)) for name, (_, cls, _) in external.EXTERNAL.items()),
 )
 
 
-def list_families() -> list[str]:
-    return list(FAMILIES)
+def list_families(external_ones: bool = True) -> list[str]:
+    """Every family name; `external_ones=False`: the project's own suite only (no `ext:` family)."""
+    return [name for name, fam in FAMILIES.items() if external_ones or not fam.external]
 
 
 def get_family(name: str) -> Family:
