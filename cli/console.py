@@ -98,6 +98,7 @@ def summary_table(summary: dict, cfg=None) -> str:
                 continue
             label = f"corrupted, {m}" + (" (default defense)" if m == default else "")
             rows.append((label, f"{corrupted + g['delta']:.3f}", "gain (vs no defense)", _points(g)))
+    rows += _external_rows(summary, methods, default)
     if not rows:
         return "no accuracy was scored"
     w0 = max(len(r[0]) for r in rows)
@@ -116,7 +117,27 @@ def summary_table(summary: dict, cfg=None) -> str:
         notes.append(f"masked methods pooled over {seeds} mask seed{'s' if seeds != 1 else ''}")
     if notes:
         lines.append("(" + "; ".join(notes) + ")")
+    if summary.get("worst_case"):
+        from ttt_pipeline.evaluation.robustness import flat_metrics
+        from ttt_pipeline.io.report import worst_case_table
+
+        lines.append(worst_case_table(flat_metrics(summary), summary))
     return "\n".join(lines)
+
+
+def _external_rows(summary: dict, methods: list[str], default: str | None) -> list[tuple[str, str, str, str]]:
+    """The external generators' sets (`ext:` families, the held-out test), apart from the own suite."""
+    acc, drop = summary.get("acc_external"), summary.get("external_drop")
+    if acc is None:
+        return []
+    rows = [("external generators, no defense", f"{acc:.3f}", "drop (clean - external)" if drop else "",
+             _points(drop) if drop else "")]
+    for m in methods:
+        g = (summary.get("gains") or {}).get(m, {}).get("external")
+        if g:
+            label = f"external, {m}" + (" (default defense)" if m == default else "")
+            rows.append((label, f"{acc + g['delta']:.3f}", "gain (vs no defense)", _points(g)))
+    return rows
 
 
 def _bin(name: str) -> str:

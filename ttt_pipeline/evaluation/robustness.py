@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ttt_pipeline.corruption.external import is_external
 from ttt_pipeline.evaluation.stats import Difference, paired_difference
 
 TTT_METHOD = "masked_ttt"  # the ttt_* keys: masked TTT, one scored method among others (the headline is
@@ -69,6 +70,15 @@ def sets_of(preds: pd.DataFrame, kind: str) -> list[str]:
     return list(dict.fromkeys(preds.loc[preds["kind"] == kind, "set"]))
 
 
+def corrupted_parts(preds: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(the own suite's corrupted sets, the external generators' sets): `ext:` families are the held-out test of a
+    defense, reported apart and never pooled with the suite it was chosen on."""
+    part = preds[preds["kind"] == "corrupted"].drop_duplicates("set")
+    external = {s for s, f in zip(part["set"], part["family"]) if is_external(f or "")}
+    sets = sets_of(preds, "corrupted")
+    return [s for s in sets if s not in external], [s for s in sets if s in external]
+
+
 def comparisons(preds: pd.DataFrame, n_classes: int | None = None, **kw) -> list[dict]:
     """Every method against `none` on every set, and every corrupted set against clean (both without defense)."""
     preds = _with_correct(preds)
@@ -105,7 +115,7 @@ def corruption_errors(rows: list[dict], method: str, reference_rows: list[dict] 
     mine, ref = _acc_table(rows), _acc_table(reference_rows if reference_rows is not None else rows)
     clean = mine.get(("clean", None, None, method))
     ref_clean = ref.get(("clean", None, None, "none"))
-    families = sorted({k[1] for k in mine if k[0] == "corrupted" and k[3] == method})
+    families = sorted({k[1] for k in mine if k[0] == "corrupted" and k[3] == method and not is_external(k[1])})
     ce, rel = {}, {}
     for f in families:
         sevs = sorted(k[2] for k in mine if k[0] == "corrupted" and k[1] == f and k[3] == method)
@@ -131,7 +141,7 @@ def recovery_ratio(rows: list[dict], method: str) -> float | None:
     if clean is None:
         return None
     ratios = []
-    for f in sorted({k[1] for k in acc if k[0] == "corrupted" and k[3] == method}):
+    for f in sorted({k[1] for k in acc if k[0] == "corrupted" and k[3] == method and not is_external(k[1])}):
         sevs = [k[2] for k in acc if k[0] == "corrupted" and k[1] == f and k[3] == method]
         drop = sum(clean - acc[("corrupted", f, s, "none")] for s in sevs)
         if drop > 1e-12:
@@ -166,20 +176,25 @@ def summarize_methods(rows: list[dict], preds: pd.DataFrame, reference_rows: lis
     return out
 
 
-def pooled_drop(preds: pd.DataFrame, **kw) -> Difference | None:
-    """Clean minus corrupted accuracy without defense, pooled over the corrupted sets (paired per review)."""
+def pooled_drop(preds: pd.DataFrame, external: bool = False, **kw) -> Difference | None:
+    """Clean minus corrupted accuracy without defense, pooled over the own suite's corrupted sets (`external`: the
+    external generators' sets instead), paired per review."""
     preds = _with_correct(preds)
-    corrupted = sets_of(preds, "corrupted")
+    corrupted = corrupted_parts(preds)[1 if external else 0]
+    if not corrupted:
+        return None
     a, b = _matrix(preds, corrupted, "none"), _matrix(preds, ["clean"], "none")
     return None if a is None or b is None else paired_difference(a, b, **kw)
 
 
 def method_gains(preds: pd.DataFrame, method: str, **kw) -> dict:
-    """A method against `none`: on the corrupted sets pooled, on clean text, and on each shift domain."""
-    corrupted = sets_of(preds, "corrupted")
+    """A method against `none`: on the own suite's corrupted sets pooled (`corrupted`), on the external generators'
+    sets pooled (`external`, when scored), on clean text, and on each shift domain."""
+    own, external = corrupted_parts(preds)
     out = {}
-    if corrupted and (d := compare_methods(preds, corrupted, method, **kw)) is not None:
-        out["corrupted"] = d.to_dict()
+    for part, sets in (("corrupted", own), ("external", external)):
+        if sets and (d := compare_methods(preds, sets, method, **kw)) is not None:
+            out[part] = d.to_dict()
     if (d := compare_methods(preds, ["clean"], method, **kw)) is not None:
         out["clean"] = d.to_dict()
     shift = {s.removeprefix("shift_"): d.to_dict() for s in sets_of(preds, "shift")
@@ -215,16 +230,40 @@ def augment_partition(preds: pd.DataFrame, families: list[str], n_classes: int |
     return out or None
 
 
+def worst_case(per_set: list[dict]) -> dict:
+    """Per method, its lowest paired change against none over every scored set (each corrupted set of every family
+    and severity, external ones included, clean text, each shift domain; from `comparisons`): `delta`, `ci_low`,
+    `ci_high`, `set`, `n_sets`, and `harm` (true when any set's interval lies wholly below 0) with `harmed_sets`."""
+    out: dict = {}
+    for c in per_set:
+        if c["comparison"] != "method":
+            continue
+        e = out.setdefault(c["method"], {"n_sets": 0, "harmed_sets": [], "delta": float("inf")})
+        e["n_sets"] += 1
+        if c["ci_high"] < 0:
+            e["harmed_sets"].append(c["set"])
+        if c["delta"] < e["delta"]:
+            e.update({k: c[k] for k in ("delta", "n", *_DIFF_FIELDS)}, set=c["set"])
+    for e in out.values():
+        e["harm"] = bool(e["harmed_sets"])
+    return out
+
+
 def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
                    reference_rows: list[dict] | None = None, n_classes: int | None = None,
                    default_defense: str | None = None, augment_families: list[str] | None = None, **kw) -> dict:
     """The run's contract: defense_gain (the recommended defense, `default_defense`, vs none on the corrupted
     sets: the headline, with `method`) and defense_clean_change (the same on clean text, when scored),
     corruption_drop, every method's gains, ttt_gain / ttt_clean_change / ttt_shift_change (masked TTT vs none,
-    pooled over sets and mask seeds, when it was scored), and mce / rel_mce / flip_rate per method."""
+    pooled over sets and mask seeds, when it was scored), and mce / rel_mce / flip_rate per method. With external
+    generators' sets (`ext:` families): external_drop and defense_external_gain, apart from the own suite (which
+    alone makes corruption_drop, defense_gain, the gains' `corrupted` and mCE). worst_case: every method's lowest
+    paired change over all scored sets and its `harm` flag (worst_case())."""
     out: dict = {}
     if (drop := pooled_drop(preds, **kw)) is not None:
         out["corruption_drop"] = drop.to_dict()
+    if (drop := pooled_drop(preds, external=True, **kw)) is not None:
+        out["external_drop"] = drop.to_dict()  # the held-out generators: apart from the suite
     gains = {m: method_gains(preds, m, n_classes=n_classes, **kw) for m in dict.fromkeys(preds["method"]) if m != "none"}
     out["gains"] = gains
     ttt = gains.get(TTT_METHOD, {})
@@ -240,6 +279,10 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
         out["defense_gain"] = {**gains[default_defense]["corrupted"], "method": default_defense, **seeds}
         if "clean" in gains[default_defense]:
             out["defense_clean_change"] = {**gains[default_defense]["clean"], "method": default_defense, **seeds}
+        if "external" in gains[default_defense]:
+            out["defense_external_gain"] = {**gains[default_defense]["external"], "method": default_defense, **seeds}
+    if gains:
+        out["worst_case"] = worst_case(comparisons(preds, **kw))
     if augment_families and (part := augment_partition(preds, augment_families, n_classes, **kw)) is not None:
         out["augment_families"] = part  # robust training: families trained on apart from held-out ones
     methods = summarize_methods(rows, preds, reference_rows)
@@ -252,7 +295,7 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
 
 
 CONTRACT = ("corruption_drop", "defense_gain", "defense_clean_change", "ttt_gain", "ttt_clean_change", "ttt_shift_change",
-            "mce", "rel_mce", "flip_rate", "augment_families")
+            "mce", "rel_mce", "flip_rate", "augment_families", "external_drop", "defense_external_gain", "worst_case")
 _DIFF_FIELDS = ("ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant")
 
 
@@ -267,9 +310,14 @@ def flat_metrics(stats: dict, per_set: list[dict] | None = None) -> dict[str, fl
         out[name] = d["delta"]
         out.update({f"{name}_{k}": float(d[k]) for k in _DIFF_FIELDS})
 
-    for key in ("corruption_drop", "defense_gain", "defense_clean_change", "ttt_gain", "ttt_clean_change"):
+    for key in ("corruption_drop", "defense_gain", "defense_clean_change", "ttt_gain", "ttt_clean_change",
+                "external_drop", "defense_external_gain"):
         if key in stats:
             diff(key, stats[key])
+    for m, w in stats.get("worst_case", {}).items():
+        if "ci_low" in w:
+            diff(f"worst/{method_tag(m)}", w)
+        out[f"harm/{method_tag(m)}"] = float(w["harm"])
     for dom, d in stats.get("ttt_shift_change", {}).items():
         diff(f"ttt_shift_change_{dom}", d)
     for part, e in stats.get("augment_families", {}).items():
@@ -278,7 +326,7 @@ def flat_metrics(stats: dict, per_set: list[dict] | None = None) -> dict[str, fl
         for m, d in e["gains"].items():
             diff(f"augment/{part}/gain/{method_tag(m)}", d)
     for m, g in stats.get("gains", {}).items():
-        for part in ("corrupted", "clean"):
+        for part in ("corrupted", "external", "clean"):
             if part in g:
                 diff(f"gain/{method_tag(m)}/{part}", g[part])
         for dom, d in g.get("shift", {}).items():

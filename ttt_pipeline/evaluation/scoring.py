@@ -70,9 +70,13 @@ def headline(rows: list[dict], default_defense: str | None = None) -> dict:
     recommended defense, `evaluation.default_defense`; `none` when it is null) and acc_clean_default, the recovered
     fraction of the drop under it, acc_corrupted_<method> for every scored method (the registry's acc_default
     resolves to one of them), and masked TTT's and Tent's figures (acc_ttt, acc_clean_ttt, acc_tent, ...) when
-    they were scored."""
-    def acc(kind: str, method: str) -> float | None:
-        vals = [r["acc"] for r in rows if r["kind"] == kind and r["method"] == method]
+    they were scored. Corrupted means the project's own suite; the external generators' sets (`ext:` families,
+    the held-out test) are acc_external and acc_external_default."""
+    from ttt_pipeline.corruption.external import is_external
+
+    def acc(kind: str, method: str, external: bool = False) -> float | None:
+        vals = [r["acc"] for r in rows if r["kind"] == kind and r["method"] == method
+                and is_external(r.get("family") or "") == external]
         return float(np.mean(vals)) if vals else None
 
     defense = default_defense or "none"
@@ -87,6 +91,8 @@ def headline(rows: list[dict], default_defense: str | None = None) -> dict:
         "acc_shift": acc("shift", "none"),
         "acc_shift_default": acc("shift", defense),
         "acc_shift_ttt": acc("shift", "masked_ttt"),
+        "acc_external": acc("corrupted", "none", external=True),  # `ext:` families: apart from the own suite
+        "acc_external_default": acc("corrupted", defense, external=True),
     }
     for m in dict.fromkeys(r["method"] for r in rows if r["kind"] == "corrupted" and r["method"] != "none"):
         out[f"acc_corrupted_{method_tag(m)}"] = acc("corrupted", m)

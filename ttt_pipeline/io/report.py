@@ -15,9 +15,12 @@ ROWS = [("acc_clean", "clean accuracy"), ("acc_corrupted", "corrupted accuracy")
         ("acc_ttt", "corrupted accuracy with masked TTT"), ("acc_clean_ttt", "clean accuracy with masked TTT"),
         ("acc_tent", "corrupted accuracy with Tent"), ("acc_shift", "domain-shift accuracy"),
         ("acc_shift_default", "domain-shift accuracy with the default defense"),
-        ("acc_shift_ttt", "domain-shift accuracy with TTT"), ("macro_f1_clean", "clean macro-F1")]
+        ("acc_shift_ttt", "domain-shift accuracy with TTT"),
+        ("acc_external", "external generators' accuracy (held out)"),
+        ("acc_external_default", "external generators' accuracy with the default defense"),
+        ("macro_f1_clean", "clean macro-F1")]
 # the headline differences first: the drop, then what the recommended defense wins back
-FIRST = ("corruption_drop", "defense_gain", "defense_clean_change")
+FIRST = ("corruption_drop", "defense_gain", "defense_clean_change", "external_drop", "defense_external_gain")
 
 
 def fmt(v) -> str:
@@ -28,9 +31,12 @@ def difference_label(name: str, defense: str | None = None) -> str | None:
     """What a flat difference metric compares, in words; None for per-set ones (shown by the grid)."""
     if name == "corruption_drop":
         return "corruption drop (clean - corrupted, no defense)"
-    if name in ("defense_gain", "defense_clean_change"):
+    if name == "external_drop":
+        return "external generators' drop (clean - ext: sets, no defense)"
+    if name in ("defense_gain", "defense_clean_change", "defense_external_gain"):
         which = f"default defense ({defense})" if defense else "default defense"
-        return f"{which} - none, {'corrupted' if name == 'defense_gain' else 'clean'}"
+        part = {"defense_gain": "corrupted", "defense_clean_change": "clean"}.get(name, "external generators")
+        return f"{which} - none, {part}"
     if name == "ttt_gain":
         return "masked TTT - none, corrupted"
     if name == "ttt_clean_change":
@@ -41,7 +47,8 @@ def difference_label(name: str, defense: str | None = None) -> str | None:
     # gain/<method>/<corrupted|clean|shift_x>; per-set ones (gain/clean/<method>, gain/<family>/<sev>/<method>)
     # are the grid's
     if (parts[0] == "gain" and len(parts) == 3 and parts[1] != "ttt" and parts[1] != "clean"
-            and not parts[1].startswith("shift_") and (parts[2] in ("corrupted", "clean") or parts[2].startswith("shift_"))):
+            and not parts[1].startswith("shift_")
+            and (parts[2] in ("corrupted", "external", "clean") or parts[2].startswith("shift_"))):
         return f"{parts[1]} - none, {parts[2].replace('_', ' ')}"
     return None
 
@@ -78,6 +85,38 @@ def differences_table(metrics: dict, mask_seeds: int | None = None, defense: str
     return "\n".join(lines)
 
 
+def worst_cases(metrics: dict, summary: dict | None = None) -> list[tuple[str, dict]]:
+    """(method tag, its worst case) from the flat metrics `worst/<tag>` (and `harm/<tag>`); the set's name and the
+    harmed sets come from the summary's `worst_case` when given."""
+    from ttt_pipeline.evaluation.scoring import method_tag
+
+    named = {method_tag(m): w for m, w in ((summary or {}).get("worst_case") or {}).items()}
+    out = []
+    for name in sorted(k for k in metrics if k.startswith("worst/") and f"{k}_ci_low" in metrics):
+        tag = name.removeprefix("worst/")
+        w = {"delta": metrics[name], "ci_low": metrics[f"{name}_ci_low"], "ci_high": metrics[f"{name}_ci_high"],
+             "harm": bool(metrics.get(f"harm/{tag}", 0.0))}
+        w.update({k: named[tag][k] for k in ("set", "harmed_sets", "n_sets") if tag in named})
+        out.append((tag, w))
+    return out
+
+
+def worst_case_table(metrics: dict, summary: dict | None = None) -> str:
+    """Each defense's lowest paired change over every scored set, and HARM where an interval lies below 0."""
+    rows = worst_cases(metrics, summary)
+    if not rows:
+        return ""
+    width = max(len(tag) for tag, _ in rows)
+    lines = ["worst case per defense (its lowest paired change vs none over every scored set; harm: a set's "
+             "whole interval below 0):"]
+    for tag, w in rows:
+        where = f" on {w['set']}" if w.get("set") else ""
+        flag = ("HARM on " + ", ".join(w.get("harmed_sets") or ["a set"])) if w["harm"] else "no harm shown"
+        lines.append(f"  {tag:<{width}}  {100 * w['delta']:+.2f} [{100 * w['ci_low']:+.2f}, "
+                     f"{100 * w['ci_high']:+.2f}]{where}  {flag}")
+    return "\n".join(lines)
+
+
 def headline_table(summary: dict, metrics: dict | None = None) -> str:
     """The accuracies, then every headline difference with its interval and verdict (`metrics`: the flat
     metrics of the run; taken from the summary's own objects when not given)."""
@@ -90,7 +129,8 @@ def headline_table(summary: dict, metrics: dict | None = None) -> str:
         metrics = flat_metrics(summary)
     seeds = len((summary.get("ttt_gain") or {}).get("mask_seeds") or []) or None
     table = differences_table(metrics, seeds, summary.get("default_defense"))
-    return f"{text}\n\n{table}" if table else text
+    worst = worst_case_table(metrics, summary)
+    return "\n\n".join(part for part in (text, table, worst) if part)
 
 
 def run_link(summary: dict, tracker=None) -> str:
@@ -114,7 +154,14 @@ def headline_markdown(summary: dict, tracker=None) -> str:
 
     defense = summary.get("default_defense")
     rows = "\n".join(f"| {label} | {fmt(summary[key])} |" for key, label in ROWS if key in summary)
-    rows += "\n\n" + differences_markdown(flat_metrics(summary), defense)
+    flat = flat_metrics(summary)
+    rows += "\n\n" + differences_markdown(flat, defense)
+    worst = worst_cases(flat, summary)
+    if worst:
+        rows += ("| defense | worst paired change | 95% interval | on | harm |\n|---|---|---|---|---|\n" + "".join(
+            f"| {tag} | {100 * w['delta']:+.2f} | [{100 * w['ci_low']:+.2f}, {100 * w['ci_high']:+.2f}] | "
+            f"{w.get('set', '-')} | {'HARM: ' + ', '.join(w.get('harmed_sets') or []) if w['harm'] else 'no'} |\n"
+            for tag, w in worst) + "\n")
     reg = summary.get("registry") or {}
     registry = (f"Model registry: `{reg.get('model_name')}` version {reg.get('version')} {reg.get('decision', '')} "
                 f"on {reg.get('metric')} ({reg.get('reason', '')})\n\n" if reg else "")
