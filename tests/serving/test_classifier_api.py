@@ -102,24 +102,37 @@ def mlflow_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
                                  training_vocabulary(TEXTS * 2))
 
 
-def test_mlflow_model_is_our_loader_and_data_only(mlflow_model_dir):
+def test_mlflow_model_is_self_contained(mlflow_model_dir):
+    """The loader module ships in code/ (MLflow's code_paths), the weights are data files, and requirements.txt
+    pins public versions only: no local build label (`+cpu`), no package of the project's name."""
     import yaml
+    from packaging.requirements import Requirement
+
+    from ttt_pipeline import __version__
 
     spec = yaml.safe_load((mlflow_model_dir / "MLmodel").read_text())
     pyfunc = spec["flavors"]["python_function"]
-    assert pyfunc["loader_module"] == "ttt_pipeline.io.mlflow_model" and not pyfunc.get("code")
+    assert pyfunc["loader_module"] == "ttt_pipeline.io.mlflow_model" and pyfunc["code"] == "code"
     assert pyfunc["config"]["method"] == "masked_ttt" and pyfunc["config"]["steps"] == 2
-    assert spec["metadata"]["label_names"] == LABELS
+    assert spec["metadata"]["label_names"] == LABELS and spec["metadata"]["ttt_pipeline_version"] == __version__
     params = {p["name"]: p for p in json.loads(spec["signature"]["params"])}
     assert {"method", "steps", "lr", "mask_prob", "seed", "batch_size", "spell_max_edit_distance"} <= set(params)
     assert all(p["default"] is None for p in params.values())  # None: the model config decides
     files = {p.relative_to(mlflow_model_dir).as_posix() for p in mlflow_model_dir.rglob("*") if p.is_file()}
-    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".bin", ".py", ".cloudpickle"))]
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".bin", ".cloudpickle", ".pyc"))]
     assert {"data/model/head.safetensors", "data/model/vocabulary.json", "data/model/meta.json",
-            "requirements.txt", "input_example.json", "serving_input_example.json"} <= files
+            "requirements.txt", "input_example.json", "serving_input_example.json",
+            "code/ttt_pipeline/__init__.py", "code/ttt_pipeline/io/mlflow_model.py",
+            "code/ttt_pipeline/classifier.py"} <= files
+    assert not [f for f in files if f.startswith("code/") and not f.startswith("code/ttt_pipeline/")]
     assert json.loads((mlflow_model_dir / "serving_input_example.json").read_text())["inputs"]
-    reqs = (mlflow_model_dir / "requirements.txt").read_text()
-    assert "torch==" in reqs and "transformers==" in reqs and "ttt" not in reqs
+    reqs = [Requirement(line) for line in (mlflow_model_dir / "requirements.txt").read_text().splitlines()
+            if line.strip()]
+    pins = {r.name: str(r.specifier) for r in reqs}
+    assert {"mlflow", "torch", "transformers", "tokenizers", "safetensors", "symspellpy"} <= set(pins)
+    for name, spec_ in pins.items():
+        assert spec_.startswith("==") and "+" not in spec_, (name, spec_)  # exact public versions
+    assert not [n for n in pins if "ttt" in n]
 
 
 def test_pyfunc_predicts_with_the_model_config_and_per_request_params(mlflow_model_dir, clf):

@@ -2,18 +2,23 @@
 
 Layout of the logged model (an MLflow 3 LoggedModel, linked to the fine-tune run as its output):
 
-    MLmodel                      flavour python_function, loader_module ttt_pipeline.io.mlflow_model, config =
-                                 the inference configuration (method + ttt.* settings), signature, metadata
+    MLmodel                      flavour python_function, loader_module ttt_pipeline.io.mlflow_model, code code/,
+                                 config = the inference configuration (method + ttt.* settings), signature, metadata
+                                 (ttt_pipeline_version: the version of the code in code/)
+    code/ttt_pipeline/           this package's source as it was when the model was logged (MLflow's `code_paths`)
     data/model/                  the fine-tune step's folder: encoder/ (safetensors), head.safetensors,
                                  tokenizer/, meta.json, labels.json, vocabulary.json (spell's training words)
     input_example.json, serving_input_example.json, requirements.txt, python_env.yaml, conda.yaml
 
-Loading (`mlflow.pyfunc.load_model`, `mlflow models serve`) imports this installed module by name and calls
-`_load_pyfunc(data_path, model_config)`: weights are safetensors, the tokenizer and vocabulary are data files,
-and nothing is unpickled or executed from the artifact (no code paths, no cloudpickled PythonModel). The
-package must be installed where the model is served (`--env-manager local`); it is deliberately not a pip
-requirement of the model, since no public package of that name is ours.
-
+Self-contained: loading (`mlflow.pyfunc.load_model`, `mlflow models serve`, `mlflow models build-docker`) puts
+code/ first on sys.path, imports the loader module from it and calls `_load_pyfunc(data_path, model_config)`, as
+MLflow documents for a loader module shipped in `code_paths`. requirements.txt pins the third-party packages
+that code imports, by public version (`torch==2.13.0`, never a local build label such as `+cpu`, which no public
+index serves), so an environment built from the model's own requirements.txt alone (MLflow's virtualenv or uv
+environment manager, a Docker image, `pip install -r requirements.txt`) serves it; the project itself need not
+be installed, and no package of its name is fetched from an index. Weights are safetensors and the tokenizer
+and vocabulary are data files: nothing is unpickled; the code that runs is the package's own source in code/
+(a process that already imported `ttt_pipeline`, such as a test, keeps its own copy).
 Requests: `{"inputs": ["text", ...]}` or `{"dataframe_records": [{"text": ...}]}`, with an optional `params`
 object (`method` and any `ttt.*` inference setting, `ttt_pipeline.classifier.inference_fields`) overriding the
 model config for that request; the answer is `{"predictions": [{"label", "probability", "probabilities"}]}`.
@@ -41,8 +46,12 @@ MODEL_TYPE = "review-classifier"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 INPUT_EXAMPLE = ["Great sound and the battery lasts all day.", "Stopped working after a week. Very disappointed."]
 # What loading and serving import (distribution names); pinned to the versions this model was logged with.
+# Written by hand rather than inferred (mlflow's requirement inference): inference maps the loader's modules to the
+# installed `ttt-pipeline` distribution, then prunes everything that distribution requires, leaving the one pin no
+# public index serves as ours (`ttt-pipeline==0.1.0`); the package's code travels in code/ instead.
 REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic",
                 "pyyaml", "symspellpy")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ttt_pipeline/: shipped as the model's code/ttt_pipeline
 
 
 # ---------------------------------------------------------------------- saving and logging
@@ -68,12 +77,17 @@ def signature(label_names: list[str]):
 
 
 def pip_requirements() -> list[str]:
+    """`dist==<public version>` of each of REQUIREMENTS installed here: the local label of a build (torch's
+    `+cpu`) is dropped, as MLflow's own inference does, so any index resolves it and the serving machine
+    picks its build of that version (CPU or CUDA: whatever torch of that version is installed first)."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
 
     out = []
     for dist in REQUIREMENTS:
         try:
-            out.append(f"{dist}=={version(dist)}")
+            out.append(f"{dist}=={Version(version(dist)).public}")
         except PackageNotFoundError:
             out.append(dist)
     return out
@@ -97,7 +111,7 @@ def save_classifier_model(folder: Path, path: Path, config: dict[str, Any],
     mlflow.pyfunc.save_model(
         path=str(path), loader_module=LOADER_MODULE, data_path=str(folder), mlflow_model=mlflow_model,
         signature=signature(meta["label_names"]), input_example=list(INPUT_EXAMPLE),
-        pip_requirements=pip_requirements(), model_config=dict(config))
+        pip_requirements=pip_requirements(), model_config=dict(config), code_paths=[str(PACKAGE_DIR)])
     data = path / Model.load(str(path)).flavors["python_function"]["data"]
     if vocabulary is not None:
         write_vocabulary(vocabulary, data / FILE)
