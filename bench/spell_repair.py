@@ -33,6 +33,15 @@ by more than 0.5 point (clause added before any candidate was measured). Passing
 combination passes too; otherwise the one with the largest `restored` gain is taken. Whether the repaired
 model then wins back the drop is bench/defenses.py's question, answered on its validation split.
 
+Rule for a change aimed at real misspellings (issue 36; written 2026-11-24, committed before any candidate or the
+current repair was measured on the misspelling family): the `--pool train` check also corrupts the same 700 reviews
+with the `misspelling` family (severity 3, seed 1000) and reports `misspelling_restored` and
+`misspelling_intact_changed`. A change is adopted when, against the current repair with vocabulary, it raises
+`misspelling_restored` by at least 2 points, passes every clause of the rule above except its own 2-point gain on
+the tutorial composite (there it must not lower `restored` by more than 0.5 point), and does not raise
+`misspelling_intact_changed` by more than 0.2 point. The external generators' sets (`ext:` families) and the test
+and validation reviews of bench/defenses.py never enter this check: they are the held-out test, reported after.
+
 The last stdout line is one JSON object.
 """
 
@@ -120,7 +129,8 @@ def pool_check(variants: list[str], severity: int) -> dict:
     texts, _ = load_domain("electronics")
     pool = texts[:int(0.8 * len(texts))]
     evaluated, vocabulary = pool[:700], pool[700:1400]
-    corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts for fam in ("tutorial", "keyboard")}
+    corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts
+                 for fam in ("tutorial", "keyboard", "misspelling")}
     _base(2)
     out = {}
     for variant in variants:
@@ -130,9 +140,12 @@ def pool_check(variants: list[str], severity: int) -> dict:
             return SpellRepair(extra_vocabulary=vocabulary, fixes=fixes)
         tutorial = effect(make(), evaluated, corrupted["tutorial"])
         keyboard = effect(make(), evaluated, corrupted["keyboard"])
+        misspelled = effect(make(), evaluated, corrupted["misspelling"])
         out[variant] = {"restored": tutorial["restored"], "intact_changed": tutorial["intact_changed"],
                         "clean_changed": tutorial["clean_changed"], "agreement_after": tutorial["agreement_after"],
                         "altered_words": tutorial["altered_words"], "keyboard_restored": keyboard["restored"],
+                        "misspelling_restored": misspelled["restored"],
+                        "misspelling_intact_changed": misspelled["intact_changed"],
                         "reviews_per_s_corrupted_vocab": speed(make, corrupted["tutorial"]),
                         "top_clean_changes": tutorial["top_clean_changes"][:6]}
         print(variant, json.dumps(out[variant]), file=sys.stderr)
