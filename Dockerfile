@@ -22,14 +22,13 @@ COPY ttt_pipeline ttt_pipeline
 COPY tasks tasks
 COPY flows flows
 COPY cli cli
-COPY configs configs
 COPY prefect.yaml ./
-# editable: the presets in configs/ resolve next to the package; psycopg2 is MLflow's postgres driver
+# editable; the presets (and the demo reviews) ship inside the package; psycopg2 is MLflow's postgres driver
 # (Prefect's, asyncpg, is already one of its dependencies)
 RUN pip install -e . "psycopg2-binary>=2.9" -c constraints.txt \
  && pip check
 
-COPY data/demo /srv/ttt/data/demo
+COPY ttt_pipeline/presets/demo /srv/ttt/data/demo
 RUN useradd --create-home --uid 1000 ttt \
  && mkdir -p /srv/ttt/.cache /mlflow \
  && chown -R ttt:ttt /srv/ttt /mlflow

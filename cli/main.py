@@ -192,7 +192,10 @@ def cmd_corrupt(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ttt_pipeline.version import __version__
+
     p = argparse.ArgumentParser(prog="ttt-pipeline", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"ttt-pipeline {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -48,11 +48,12 @@ def _run(task_fn, *args, **kwargs):
 
 
 @flow(name="ttt-pipeline")
-def ttt_pipeline(config: PipelineConfig = default_config()) -> dict:
-    """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT."""
+def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
+    """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT.
+    `config` None: the demo preset (read when the flow runs, not when this module is imported)."""
     reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
-    cfg = config
+    cfg = config if config is not None else default_config()
     logger = get_run_logger()
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()

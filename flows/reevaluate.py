@@ -399,14 +399,14 @@ def _record(tracker: Tracker, cfg, mv, night: str, seeds: tuple[int, int], thres
 # No retries, whatever PREFECT_FLOW_DEFAULT_RETRIES says: no champion, a regression or bad data would fail the
 # same way again; the next night runs anyway.
 @flow(name="nightly-reevaluation", retries=0)
-def nightly_reevaluation(config: PipelineConfig = default_config(), threshold: float = 0.02,
+def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float = 0.02,
                          reference_seed: int = 42, night: str | None = None):
     """Re-evaluate the `champion` under its recommended defense on tonight's and the reference corruption suites
     (and on `nightly.data_path`); ends Completed, "Regression" or "NoChampion", each with its event."""
     from prefect.runtime import flow_run
 
     t0 = time.perf_counter()
-    cfg = _nightly_config(config)
+    cfg = _nightly_config(config if config is not None else default_config())  # None: the demo preset
     defense = cfg.evaluation.defense
     night = night or night_of(flow_run.get_scheduled_start_time() if flow_run.get_id() else None)
     night_seed = seed_for(night)

@@ -102,8 +102,8 @@ def test_defaults_are_the_measured_recipe_on_the_demo_data():
     assert cfg.model.pooling == measured.model.pooling == "cls"
     assert demo.model.pooling == "mean"  # the polarity demo's choice on its validation reviews (configs/demo.yaml)
     # the default data section reads the demo's reviews and rating column; the demo preset maps them to polarity
-    assert (cfg.data.path, cfg.data.text_column, cfg.data.label_column) == (
-        demo.data.path, demo.data.text_column, demo.data.label_column)
+    assert ((REPO / cfg.data.path).resolve(), cfg.data.text_column, cfg.data.label_column) == (
+        Path(demo.data.path), demo.data.text_column, demo.data.label_column)  # data/demo links to the bundled copy
     assert demo.data.label_names == ["negative", "positive"] and demo.data.label_map["3"] is None
 
 
@@ -160,3 +160,29 @@ def test_every_preset_recommends_the_benchmarked_default_defense(preset):
     """Issue 23: the presets use the default that bench/defenses.py's validation rule picked (session 17: spell)."""
     cfg = load_config(preset)
     assert cfg.evaluation.default_defense == "spell" and "spell" in cfg.ttt.methods
+
+
+def test_presets_ship_in_the_package_and_work_from_any_folder(tmp_path, monkeypatch):
+    """`--config demo` from an empty folder: the preset and its reviews are package data (a wheel has them)."""
+    import importlib.resources
+
+    monkeypatch.chdir(tmp_path)
+    demo = load_config("demo")
+    bundled = Path(str(importlib.resources.files("ttt_pipeline").joinpath("presets")))
+    assert Path(demo.data.path) == (bundled / "demo" / "reviews.jsonl").resolve() and Path(demo.data.path).is_file()
+    assert demo.store == ".cache"  # the run's own outputs still land in the current folder
+    with pytest.raises(ConfigError, match="one of the presets: amazon-electronics, demo, mdsd-electronics"):
+        load_config("nope")
+
+
+def test_dot_slash_paths_in_a_config_file_start_at_that_file(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "reviews").mkdir(parents=True)
+    (project / "run.yaml").write_text("data:\n  path: ./reviews/a.csv\n  test_path: reviews/b.csv\n"
+                                      "  shift: {kitchen: ./reviews/k.csv}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(str(project / "run.yaml"), ["data.val_fraction=0.1"])
+    assert cfg.data.path == str(project / "reviews" / "a.csv")
+    assert cfg.data.test_path == "reviews/b.csv"  # no `./`: from the current folder, as on the command line
+    assert cfg.data.shift == {"kitchen": str(project / "reviews" / "k.csv")}
+    assert load_config(None, ["data.path=./x.csv"]).data.path == "./x.csv"  # --set: the current folder

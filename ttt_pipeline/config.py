@@ -6,6 +6,7 @@ names the field and the fix.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 from pathlib import Path
@@ -16,7 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ttt_pipeline.errors import ConfigError
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The presets ship inside the package (the checkout's `configs/` links here), so `--config demo` works from a wheel
+# in any folder; `./` paths in a config file are relative to that file (`_file_relative`).
+PRESETS_DIR = Path(str(importlib.resources.files("ttt_pipeline").joinpath("presets")))
+PATH_FIELDS = (("data", "path"), ("data", "test_path"), ("finetune", "unlabeled_path"), ("nightly", "data_path"))
 
 
 class Section(BaseModel):
@@ -614,6 +618,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
             raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of sections", "see configs/demo.yaml")
+        data = _file_relative(data, path.parent)
     if overrides:
         data = apply_overrides(data, overrides)
         origin += " + --set"
@@ -621,6 +626,22 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, origin), "fix the field named above") from None
+
+
+def _file_relative(data: dict, folder: Path) -> dict:
+    """A config file's `./` paths start at its own folder (a preset's bundled reviews, a project's config beside
+    its data); every other relative path starts at the current folder, as on the command line."""
+    def fix(value):
+        return str((folder / value).resolve()) if isinstance(value, str) and value.startswith("./") else value
+
+    for section, key in PATH_FIELDS:
+        node = data.get(section)
+        if isinstance(node, dict) and key in node:
+            node[key] = fix(node[key])
+    shift = data.get("data", {}).get("shift") if isinstance(data.get("data"), dict) else None
+    if isinstance(shift, dict):
+        data["data"]["shift"] = {k: fix(v) for k, v in shift.items()}
+    return data
 
 
 DEFAULT_PRESET = "demo"

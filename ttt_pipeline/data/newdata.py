@@ -15,7 +15,7 @@ import pandas as pd
 from ttt_pipeline.data import labels as L
 from ttt_pipeline.data.prepare import _clean, _columns
 from ttt_pipeline.data.readers import SUFFIXES
-from ttt_pipeline.data.sources import Source, load_source
+from ttt_pipeline.data.sources import Source, load_source, missing_path_hint
 from ttt_pipeline.errors import DataError
 
 FIELD = "nightly.data_path"
@@ -29,7 +29,7 @@ def resolve(path: str) -> str:
         return path
     p = Path(src.ref).expanduser().resolve()
     if not p.exists():
-        raise DataError(f"{p}: no such file or folder", f"check {FIELD} (relative paths start at the current folder)")
+        raise DataError(f"{p}: no such file or folder", missing_path_hint(p, FIELD))
     if p.is_dir():
         files = [f for f in p.iterdir() if f.is_file() and f.suffix.lower() in SUFFIXES]
         if files:

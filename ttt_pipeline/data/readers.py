@@ -230,7 +230,9 @@ def read_local(path: Path, pt_columns: list[str], field: str = "data.path") -> p
     """One local file or MDSD folder as a frame; `field` names the config field in error hints."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file or folder", f"check {field} (relative paths start at the current folder)")
+        from ttt_pipeline.data.sources import missing_path_hint
+
+        raise DataError(f"{path}: no such file or folder", missing_path_hint(path, field))
     if path.is_dir():
         return read_mdsd_folder(path, field)
     suffix = path.suffix.lower()

@@ -106,6 +106,18 @@ def load_source(text: str, raw_dir: Path, pt_columns: list[str], sha256: str | N
     return {"all": frame}, (tree_digest(path) if path.is_dir() else file_digest(path))
 
 
+MDSD_HINT = ("the MDSD reviews (Multi-Domain Sentiment Dataset: Blitzer, Dredze, Pereira, ACL 2007) are not shipped: "
+             "download the ACL 2007 set (domain_sentiment_data.tar.gz) from "
+             "https://www.cs.jhu.edu/~mdredze/datasets/sentiment/ and set {field} to its electronics folder "
+             "(docs/data.md has the files' checksums)")
+
+
+def missing_path_hint(path: Path | str, field: str) -> str:
+    """The hint of a missing local source: where relative paths start, and where a preset's data comes from."""
+    hint = f"check {field} (relative paths start at the current folder; `./` in a config file at that file)"
+    return f"{hint}; {MDSD_HINT.format(field=field)}" if "mdsd" in str(path).lower() else hint
+
+
 def source_fingerprint(text: str, field: str = "data.path") -> str:
     """Cheap identity of a source for cache keys, before any download: content digest for local paths.
     `field` names the config field in the error of a missing path."""
@@ -114,5 +126,5 @@ def source_fingerprint(text: str, field: str = "data.path") -> str:
         return text
     path = Path(src.ref).expanduser().resolve()
     if not path.exists():
-        raise DataError(f"{path}: no such file or folder", f"check {field} (relative paths start at the current folder)")
+        raise DataError(f"{path}: no such file or folder", missing_path_hint(path, field))
     return tree_digest(path) if path.is_dir() else file_digest(path)
