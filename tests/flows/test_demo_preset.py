@@ -41,7 +41,12 @@ def demo(tmp_path_factory):
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
     print(f"demo preset from an empty store: {seconds:.0f} s")
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    night = subprocess.run([str(Path(sys.executable).parent / "ttt-pipeline"), "reevaluate", "--json",
+                            *run_args.replace("--json ", "").split()], capture_output=True, text=True, env=env,
+                           cwd=REPO, timeout=1200)
+    summary["_reevaluate"] = (night.returncode, night.stdout, night.stderr)
+    return summary, proc.stdout, proc.stderr
 
 
 def test_the_corruption_drop_is_significant(demo):
@@ -95,3 +100,22 @@ def test_the_summary_is_a_compact_table_with_the_ui_commands(demo):
     assert next(ln for ln in lines if ln.startswith("clean ")).split()[-1] == f"{summary['acc_clean']:.3f}"
     assert any(ln.strip().startswith("MLflow:") and "mlflow ui --backend-store-uri" in ln for ln in lines)
     assert any(ln.strip().startswith("Prefect:") and "prefect server start" in ln for ln in lines)
+
+
+def test_the_champion_is_the_demo_tasks_own_judged_on_spell_and_the_night_after_is_ok(demo):
+    """Issue 38's acceptance: the demo registers under its task's name (not the MDSD preset's), judged on spell's
+    corrupted accuracy; `reevaluate --json` right after it judges spell and finds no regression (spell is
+    deterministic: the reference suite is the run's own corrupted set, so the paired change is exactly 0)."""
+    summary, out, _ = demo
+    champ = summary["champion"]
+    assert summary["default_defense"] == "spell"
+    assert champ["model_name"] == load_config("demo").model_name() != load_config("mdsd-electronics").model_name()
+    assert champ["metric"] == "acc_corrupted_spell" and champ["alias_moved"] is True
+    assert champ["value"] == pytest.approx(summary["acc_corrupted"] + summary["defense_gain"]["delta"], abs=1e-9)
+    code, night_out, night_err = summary["_reevaluate"]
+    assert code == 0, night_err[-3000:]
+    night = json.loads(night_out.strip().splitlines()[-1])
+    assert night["defense"] == "spell" and night["verdict"] == "ok" and night["event"]["name"] == "ttt.nightly.ok"
+    assert night["reference"]["delta"] == 0.0 and "pipeline run" in night["reference"]["against"]
+    assert night["robust_acc_ref"] == pytest.approx(champ["value"])
+    assert night["reference_n"] == 129 and night["min_detectable_drop"] == pytest.approx(0.0909, abs=5e-4)
