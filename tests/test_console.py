@@ -61,7 +61,9 @@ def test_prefect_lifecycle_lines_are_dropped_and_stage_lines_kept():
     assert not q.filter(_record("prefect.task_runs", "Finished in state Completed()"))
     assert not q.filter(_record("prefect.task_runs", "Finished in state Cached(type=COMPLETED)"))
     assert not q.filter(_record("prefect.flow_runs", "Beginning flow run 'x' for flow 'ttt-pipeline'"))
-    assert q.filter(_record("prefect.task_runs", "Finished in state Failed('boom')", logging.ERROR))
+    # a failure ends the command with its own `error:` line: Prefect's final state line would repeat it
+    assert not q.filter(_record("prefect.task_runs", "Finished in state Failed('boom')", logging.ERROR))
+    assert not q.filter(_record("prefect.flow_runs", "Finished in state Failed('Flow run encountered ...')"))
     assert q.filter(_record("prefect.flow_runs", "fine-tune: computed in 1 min 33 s"))
     out = ConsoleFormatter().format(_record("prefect.flow_runs", "fine-tune: started (train the classifier)"))
     assert out[2] == ":" and out.endswith("  fine-tune: started (train the classifier)")
@@ -103,3 +105,27 @@ def test_a_fast_stage_still_shows_its_rate_at_each_quarter(monkeypatch, capsys):
     err = capsys.readouterr().err.splitlines()
     assert [ln.split(":")[1].split()[0] for ln in err] == ["8/100", "32/100", "56/100", "80/100", "100/100"]
     assert all("reviews/s, about" in ln for ln in err[1:4]), err
+
+
+def test_a_user_errors_traceback_stays_off_the_terminal_and_a_bugs_stays_on():
+    """The command prints a PipelineError as `error:` / `hint:`; Prefect's traceback of it is noise. An unexpected
+    exception keeps Prefect's traceback (the command's `error:` line then says it looks like a bug)."""
+    from ttt_pipeline.errors import PipelineError
+    from ttt_pipeline.modeling.oom import OutOfMemory
+
+    q = QuietPrefect()
+
+    def failed(exc):
+        try:
+            raise exc
+        except Exception:
+            import sys
+
+            r = _record("prefect.task_runs", "Task run failed with exception", logging.ERROR)
+            r.exc_info = sys.exc_info()
+            return r
+
+    assert not q.filter(failed(PipelineError("bad value", "fix it")))
+    assert not q.filter(failed(OutOfMemory("out of memory in evaluate (x)", "lower ttt.batch_size")))
+    assert q.filter(failed(ValueError("a bug")))
+    assert q.filter(_record("ttt_pipeline.steps", "Finished in state Failed(x)", logging.ERROR))  # not Prefect's
