@@ -7,10 +7,10 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup lock run test test-slow test-all test-integration test-browser bench lint audit serve stop clean help
+.PHONY: setup lock run test test-slow test-all test-integration test-browser bench lint audit serve serve-model stop clean help
 
 help:
-	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | bench | serve | stop | audit | clean"
+	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | bench | serve | serve-model | stop | audit | clean"
 
 setup: $(STAMP)
 
@@ -98,6 +98,14 @@ audit: setup
 
 serve: setup
 	@bash scripts/serve.sh start
+
+# The registered champion of a task as a REST endpoint on 127.0.0.1 (mlflow models serve, a foreground process):
+# make serve-model [MODEL=ttt-<task>-<labels>] [PORT=5001]; tracking URI: TTT_TRACKING_URI, MLFLOW_TRACKING_URI
+# (`source .run/env` after make serve) or sqlite:///mlflow.db. scripts/serve_model.sh says more.
+MODEL ?= ttt-demo-reviews-negative-positive
+PORT ?= 5001
+serve-model: setup
+	@TTT_SERVE_MODEL=$(MODEL) TTT_SERVE_PORT=$(PORT) bash scripts/serve_model.sh
 
 stop:
 	@bash scripts/serve.sh stop

@@ -183,3 +183,36 @@ def test_serve_shares_make_runs_prefect_home(tmp_path):
     from prefect.settings.models.root import Settings
 
     assert Settings.model_fields["home"].default == Path("~/.prefect")  # where `make run` records by default
+
+
+def test_serve_service_serves_the_champion_on_loopback(base):
+    """`serve`: mlflow models serve of models:/<task's model>@champion from the MLflow server, published on
+    127.0.0.1 only, healthy when /ping answers, started on request (profile) once a champion exists."""
+    svc = base["services"]["serve"]
+    cmd = svc["command"]
+    assert cmd[:3] == ["mlflow", "models", "serve"]
+    model = cmd[cmd.index("-m") + 1]
+    assert re.fullmatch(r"models:/\$\{TTT_SERVE_MODEL:-ttt-[a-z0-9-]+\}@champion", model), model
+    assert cmd[cmd.index("--env-manager") + 1] == "local"  # the image is the model's environment
+    port = cmd[cmd.index("--port") + 1]
+    assert svc["ports"] == [f"127.0.0.1:${{TTT_SERVE_PORT:-{port}}}:{port}"]
+    assert svc["healthcheck"]["test"] == ["CMD", "curl", "-fsS", f"http://localhost:{port}/ping"]
+    assert svc["depends_on"] == {"mlflow": {"condition": "service_healthy"}}
+    assert _env(svc)["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(_env(svc))
+    assert svc["profiles"] == ["serve"]  # `docker compose up` does not start it before a champion exists
+
+
+def test_serve_model_script(tmp_path):
+    """scripts/serve_model.sh (make serve-model): parses, serves on 127.0.0.1 by default with the venv's bin on
+    PATH (MLflow starts uvicorn from PATH), and refuses a missing sqlite store instead of creating an empty one."""
+    script = REPO / "scripts" / "serve_model.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert 'HOST="${TTT_HOST:-127.0.0.1}"' in text and 'export PATH="$BIN:$PATH"' in text
+    assert "--env-manager local" in text
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TTT_TRACKING_URI": f"sqlite:///{tmp_path}/none.db"}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"no MLflow database at {tmp_path}/none.db" in proc.stderr
+    assert not (tmp_path / "none.db").exists()
+    assert "serve-model:" in (REPO / "Makefile").read_text()

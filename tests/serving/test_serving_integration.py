@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -16,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from netutil import free_port, listening
+from model_server import invoke, mlflow_serve
 from serving_helpers import same_predictions
 from tiny_config import tiny_config
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
 NAME = "served-review-classifier"
 
 
@@ -62,51 +63,10 @@ def test_rows(pipeline):
 
 @pytest.fixture(scope="module")
 def server(pipeline):
-    port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": pipeline["uri"], "HF_HUB_OFFLINE": "1", "TTT_DEVICE": "cpu",
-           "TOKENIZERS_PARALLELISM": "false",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # the server runs `uvicorn` from the venv
-    env.pop("TTT_TRACKING_URI", None)
-    log = open(pipeline["tmp"] / "serve.log", "w")
-    proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", f"models:/{NAME}@champion",
-                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-                            env=env, cwd=pipeline["tmp"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            assert proc.poll() is None, (pipeline["tmp"] / "serve.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "mlflow models serve did not answer within 240 s"
-            time.sleep(1)
-        yield {"url": url, "port": port, "proc": proc}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
-        closed_by = time.monotonic() + 20  # uvicorn lets go of the socket a moment after its parent exits
-        while listening(port) and time.monotonic() < closed_by:
-            time.sleep(0.5)
-        assert not listening(port), "the model server's port is still open"
-
-
-def invoke(server, body: dict) -> list[dict]:
-    req = urllib.request.Request(f"{server['url']}/invocations", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        answer = json.loads(r.read())
-    assert set(answer) == {"predictions"}
-    return answer["predictions"]
+    """The champion served the way `make serve-model` serves it: scripts/serve_model.sh, from a plain PATH."""
+    with mlflow_serve("", BIN, pipeline["tmp"], {"TTT_SERVE_MODEL": NAME, "MLFLOW_TRACKING_URI": pipeline["uri"]},
+                      script=REPO / "scripts" / "serve_model.sh") as s:
+        yield s
 
 
 def test_the_run_logged_and_registered_an_mlflow_model(pipeline):
@@ -121,6 +81,12 @@ def test_the_run_logged_and_registered_an_mlflow_model(pipeline):
     lm = client.get_logged_model(output.model_id)
     assert mv.source == lm.artifact_location and str(lm.status) == "READY"
     assert lm.params["inference.method"] == "masked_ttt"  # the first of ttt.methods other than none
+    # the evaluate run's headline is the logged model's too: search_logged_models ranks models by it
+    ranked = client.search_logged_models([ft.info.experiment_id], filter_string="metrics.acc_default > -1",
+                                         order_by=[{"field_name": "metrics.acc_default", "ascending": False}])
+    assert [m.model_id for m in ranked] == [lm.model_id]
+    linked = {m.key: m.value for m in ranked[0].metrics}
+    assert linked["acc_default"] == pytest.approx(pipeline["summary"]["acc_default"]) and "acc_clean" in linked
 
 
 def test_served_champion_answers_with_none_and_masked_ttt(server, pipeline, test_rows):
@@ -197,3 +163,38 @@ def test_served_equals_predict_cli_and_the_evaluate_step(server, pipeline, test_
                      for p in rows["probs"]]
         assert same_predictions([{"label": s["label"], "probabilities": s["probabilities"]} for s in served],
                                 evaluated), method
+
+
+def test_load_200_masked_ttt_requests_from_8_clients(server, test_rows):
+    """200 requests from 8 concurrent clients, masked TTT per request: no error, and each answer equals the same
+    request made alone (no cross-talk between concurrent adaptations). Prints the latency percentiles
+    (docs/operations.md records them)."""
+    import torch
+
+    texts = test_rows[0]
+    bodies = [{"inputs": [texts[(7 * i + k) % len(texts)] for k in range(1 + i % 3)],
+               "params": {"method": "masked_ttt"}} for i in range(200)]
+    alone = {}
+    for body in bodies:
+        key = json.dumps(body, sort_keys=True)
+        if key not in alone:
+            alone[key] = invoke(server, body)
+
+    def timed(body):
+        t0 = time.perf_counter()
+        preds = invoke(server, body)
+        return preds, time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(timed, bodies))
+    wall = time.perf_counter() - t0
+    assert len(answers) == 200
+    for body, (preds, _) in zip(bodies, answers):
+        assert preds == alone[json.dumps(body, sort_keys=True)]
+    lat = sorted(s for _, s in answers)
+    p50, p95 = statistics.median(lat), lat[int(0.95 * len(lat)) - 1]
+    print(f"\nserving load: 200 masked_ttt requests (1-3 reviews each), 8 clients, {len(alone)} distinct bodies; "
+          f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms, {200 / wall:.1f} req/s; "
+          f"CPU {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores")
+    assert p50 <= p95 <= lat[-1]

@@ -135,6 +135,16 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
     return {"stats": stats, "comparisons": per_set, "headline": head, "predictions": preds}
 
 
+def evaluated_model_id(tracker: Tracker, run_id: str) -> str | None:
+    """The MLflow Model an evaluate run scores: the one its pipeline run's fine-tune run logged (None when it
+    logged none). The headline is logged with that model id, so the logged models rank by it."""
+    from ttt_pipeline.io.registry import find_model_run, logged_model_id
+
+    parent = tracker.client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+    model_run = find_model_run(tracker.client, parent) if parent else None
+    return logged_model_id(tracker.client, model_run.info.run_id) if model_run is not None else None
+
+
 def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results: dict, cfg,
                  reference_rows: list[dict] | None = None) -> dict:
     """Accuracy per set and method (mean over mask seeds, and per seed), the paired statistics with their
@@ -159,7 +169,9 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
     ev = evaluation_statistics(outs, results, cfg, reference_rows)
     head = ev["headline"]
     flat = robustness.flat_metrics(ev["stats"], ev["comparisons"])
-    tracker.metrics(run_id, {**metrics, **head, **flat})
+    logged = {**metrics, **head, **flat}
+    tracker.metrics(run_id, {k: v for k, v in logged.items() if k not in head})
+    tracker.metrics(run_id, {k: logged[k] for k in head}, model_id=evaluated_model_id(tracker, run_id))
     tracker.dict(run_id, results, "evaluation.json")
     tracker.dict(run_id, {**ev["stats"], "comparisons": ev["comparisons"]}, "statistics.json")
     with tempfile.TemporaryDirectory(prefix="ttt-preds-") as tmp:  # one table, however many evaluate shares

@@ -167,11 +167,14 @@ class Tracker:
             chunk = items[i:i + 90]
             retry(lambda c=chunk: self.client.log_batch(run_id, params=c), "log params")
 
-    def metrics(self, run_id: str, metrics: dict[str, float | None], step: int = 0) -> None:
+    def metrics(self, run_id: str, metrics: dict[str, float | None], step: int = 0,
+                model_id: str | None = None) -> None:
+        """Metrics of the run; with `model_id` also of that MLflow 3 logged model (`mlflow.search_logged_models`
+        filters and orders models by them)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+        items = [Metric(k, float(v), now, step, model_id=model_id) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and v == v]
         skipped = sorted(k for k, v in metrics.items() if v is not None and not (isinstance(v, (int, float)) and v == v))
         if skipped:  # NaN or non-numbers cannot be compared across runs: say so, never drop them silently
