@@ -9,7 +9,11 @@ A new `--split-seed` draws new test reviews (a fifth of them were test reviews u
 
 Sets, all at severity 3: clean; the tutorial composite (`tutorial-3`), one character family (`--char-family`,
 keyboard) and one word family (`--word-family`, word_swap) of the grid, corrupted with `--test-seed` (42); the
-validation split corrupted by the same three families once per `--val-seeds` (7 8 9); kitchen and books.
+validation split corrupted by the same three families once per `--val-seeds` (7 8 9); kitchen and books. On the
+test reviews only (never validated on, so the selection below never sees them): `--test-families` (misspelling: real
+human misspellings, the own suite) and `--external-families` (ext:keyboard, ext:ocr, ext:random_char, ext:spelling:
+another library's generators, nlpaug, the held-out test of generalisation), all at severity 3 with `--test-seed`.
+The pooled comparisons below (ttt_vs_control, ...) pool the own suite's corrupted sets; the external sets never.
 
 Models, per training seed (42, 43, 44): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, precision auto,
 class-weighted loss, no weighted sampler, [CLS] pooling, 4 epochs, as bench/accuracy.py), and the same recipe with
@@ -55,6 +59,10 @@ Output (`--json`: the last stdout line is one JSON object):
 - ttt_vs_control (masked_ttt minus mask_ensemble) and ttt_on_top_of_spell (spell+masked_ttt minus spell), both
   pooled over the three corrupted sets; recipes_vs_control for every masked TTT recipe; augment: robust training
   against none on the families it trained on and on the held-out ones;
+- generalisation: own suite against external generators per defense (`gains`: own, external, pooled), every
+  defense's `worst_case` (its lowest paired change over all scored sets, clean and shift included, and `harm`: any
+  set's interval wholly below 0, with `harmed_sets`), and for the default the recovered fraction of the drop on each
+  corrupted set and on the external sets pooled (`external_pooled`), each with its drop and interval;
 - estimated_full_run_s: the full run's duration predicted from this run's measured reviews/s per defense.
 
 Run: `.venv/bin/python bench/defenses.py --json`, or `--quick` (a smoke run on a few reviews, for the tests; about
@@ -123,6 +131,8 @@ def build_data(args) -> dict:
         test_sets[f"{fam}-3"] = (corrupt_texts(test_t, fam, 3, args.test_seed).texts, test_y)
         for vs in args.val_seeds:
             val_sets[val_key(fam, vs, args.val_seeds)] = (corrupt_texts(val_t, fam, 3, vs).texts, val_y)
+    for fam in args.test_families + args.external_families:  # test reviews only: the selection never sees them
+        test_sets[f"{fam}-3"] = (corrupt_texts(test_t, fam, 3, args.test_seed).texts, test_y)
     for d in ("kitchen", "books"):
         t, y = load_domain(d, args.split_seed)
         test_sets[d] = (t[:args.shift_size], y[:args.shift_size])
@@ -135,7 +145,13 @@ def val_key(family: str, seed: int, seeds: list[int]) -> str:
 
 
 def corrupted_sets(sets: dict) -> list[str]:
-    return [s for s in sets if s.split("@")[0].endswith("-3")]
+    """The own suite's corrupted sets (the external generators' `ext:` sets are never among them)."""
+    return [s for s in sets if s.split("@")[0].endswith("-3") and not s.startswith("ext:")]
+
+
+def external_sets(sets: dict) -> list[str]:
+    """The external generators' sets: the held-out test of generalisation, reported apart."""
+    return [s for s in sets if s.startswith("ext:")]
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -205,6 +221,8 @@ class Scorer:
 
 def choose_ttt(scorer: Scorer, model, tok, val_sets: dict, candidates: dict[str, dict]) -> tuple[str, dict]:
     """The TTT candidate with the best masked_ttt accuracy on the corrupted validation sets (mask seed 0)."""
+    if len(candidates) == 1:  # nothing to choose: no validation scoring
+        return next(iter(candidates)), {}
     scores = {}
     for name, over in candidates.items():
         settings = scorer.base.model_copy(update=over)
@@ -310,7 +328,8 @@ def report(test: dict, val: dict, defenses: list[str], families: list[str], args
                                           for s in shift},
                "gain_on_tutorial": diff(matrix(test, "none", [tutorial]), matrix(test, name, [tutorial]), kw),
                "reviews_per_s": speed(test, name, sets), **{k: v for k, v in chosen.items() if k != "name"}}
-    out = {"rows": rows, "drop": drop, "default": default}
+    out = {"rows": rows, "drop": drop, "default": default,
+           "generalisation": generalisation(test, rows, defenses, name, kw)}
 
     def versus(b: str, a: str) -> dict | None:
         if (a, corrupted[0]) not in test or (b, corrupted[0]) not in test:
@@ -331,6 +350,40 @@ def report(test: dict, val: dict, defenses: list[str], families: list[str], args
                           if trained else None,
                           "held_out": diff(matrix(test, "none", held), matrix(test, "augment", held), kw)
                           if held else None}
+    return out
+
+
+def _fraction(test: dict, name: str, sets: list[str], kw: dict) -> dict:
+    """The share of the drop (clean minus `sets` without defense) that `name` wins back on `sets`, with its interval."""
+    from ttt_pipeline.evaluation.stats import recovered_fraction_interval
+
+    clean = matrix(test, "none", ["clean"])
+    point, lo, hi = recovered_fraction_interval(clean, matrix(test, "none", sets), matrix(test, name, sets), **kw)
+    nan = lambda v: None if np.isnan(v) else v  # noqa: E731
+    return {"recovered_fraction": nan(point), "recovered_ci": [nan(lo), nan(hi)],
+            "drop": diff(matrix(test, "none", sets), np.repeat(clean, len(sets), axis=1), kw),
+            "gain": diff(matrix(test, "none", sets), matrix(test, name, sets), kw), "sets": sets}
+
+
+def generalisation(test: dict, rows: list[dict], defenses: list[str], name: str, kw: dict) -> dict:
+    """Own suite against the external generators (never looked at by the selection), and every defense's worst case:
+    its lowest paired change over all scored sets, `harm` when any set's interval lies wholly below 0."""
+    sets = dict.fromkeys(s for (_, s) in test)
+    own, ext = corrupted_sets(sets), external_sets(sets)
+    out: dict = {"own_sets": own, "external_sets": ext, "gains": {}, "worst_case": {}}
+    for d in defenses:
+        if d == "none":
+            continue
+        out["gains"][d] = {part: diff(matrix(test, "none", ss), matrix(test, d, ss), kw)
+                           for part, ss in (("own", own), ("external", ext)) if ss}
+        mine = [r for r in rows if r["defense"] == d]
+        low = min(mine, key=lambda r: r["delta"])
+        harmed = [r["set"] for r in mine if r["ci_high"] < 0]
+        out["worst_case"][d] = {"delta": low["delta"], "ci_low": low["ci_low"], "ci_high": low["ci_high"],
+                                "set": low["set"], "harm": bool(harmed), "harmed_sets": harmed}
+    out["default"] = {"name": name, **{s: _fraction(test, name, [s], kw) for s in own + ext}}
+    if ext:
+        out["default"]["external_pooled"] = _fraction(test, name, ext, kw)
     return out
 
 
@@ -375,6 +428,11 @@ def main() -> None:
     p.add_argument("--warmup-steps", type=int, default=400, help="cap of the MLM-head warm-up")
     p.add_argument("--char-family", default="keyboard")
     p.add_argument("--word-family", default="word_swap")
+    p.add_argument("--test-families", nargs="*", default=["misspelling"],
+                   help="own-suite families scored on the test reviews only (never validated on)")
+    p.add_argument("--external-families", nargs="*",
+                   default=["ext:keyboard", "ext:ocr", "ext:random_char", "ext:spelling"],
+                   help="external generators (the held-out test; the selection rule never looks at them)")
     p.add_argument("--split-seed", type=int, default=42, help="shuffle of every domain's reviews before the split")
     p.add_argument("--test-seed", type=int, default=42, help="corruption seed of the test reviews")
     p.add_argument("--val-seeds", type=int, nargs="+", default=[7, 8, 9],
@@ -451,7 +509,8 @@ def main() -> None:
     out["settings"] = {"seeds": args.seeds, "mask_seeds": args.mask_seeds, "epochs": args.epochs,
                        "train": len(data["train"][0]), "val": args.val_size, "test": args.test_size,
                        "shift_per_domain": args.shift_size, "families": data["families"], "split_seed": args.split_seed,
-                       "test_seed": args.test_seed, "val_seeds": args.val_seeds, "augment": {"families": args.augment_families, "severities": [3],
+                       "test_seed": args.test_seed, "val_seeds": args.val_seeds,
+                       "test_families": args.test_families, "external_families": args.external_families, "augment": {"families": args.augment_families, "severities": [3],
                                                               "share": args.augment_share, "seed": args.augment_seed},
                        "ttt_candidates": candidates, "min_speed": args.min_speed, "threads": args.threads,
                        "quick": args.quick}
@@ -466,6 +525,14 @@ def main() -> None:
     d = out["default"]
     print(f"default: {d['name']}, recovered {d['recovered_fraction']} {d['recovered_ci']}, "
           f"{d['reviews_per_s']:.1f} reviews/s")
+    g = out["generalisation"]
+    for key, v in g["default"].items():
+        if isinstance(v, dict):
+            print(f"default on {key}: recovered {v['recovered_fraction']} {v['recovered_ci']} of a drop of "
+                  f"{v['drop']['delta'] * 100:+.2f} [{v['drop']['ci_low'] * 100:+.2f}, {v['drop']['ci_high'] * 100:+.2f}]")
+    for m, w in g["worst_case"].items():
+        print(f"worst case {m}: {w['delta'] * 100:+.2f} [{w['ci_low'] * 100:+.2f}, {w['ci_high'] * 100:+.2f}] on "
+              f"{w['set']}" + (f"  HARM on {', '.join(w['harmed_sets'])}" if w["harm"] else ""))
     if args.json:
         print(json.dumps(out, default=float))
 

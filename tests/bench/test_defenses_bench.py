@@ -11,7 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DIFF = {"delta", "ci_low", "ci_high"}
-SETS = ["clean", "tutorial-3", "keyboard-3", "word_swap-3", "kitchen", "books"]
+OWN = ["tutorial-3", "keyboard-3", "word_swap-3", "misspelling-3"]  # misspelling: test reviews only
+EXTERNAL = ["ext:keyboard-3", "ext:ocr-3", "ext:random_char-3", "ext:spelling-3"]
+SETS = ["clean", *OWN, *EXTERNAL, "kitchen", "books"]
 
 
 @pytest.mark.slow
@@ -31,7 +33,7 @@ def test_quick_defenses_bench_contract(mdsd_dir):
         assert 0.0 <= r["acc"] <= 1.0 and r["ci_low"] <= r["delta"] <= r["ci_high"] and r["reviews_per_s"] > 0
         if r["defense"] == "none":
             assert r["delta"] == 0.0
-        if r["defense"].startswith("augment") and r["set"].endswith("-3"):
+        if r["defense"].startswith("augment") and r["set"].endswith("-3") and not r["set"].startswith("ext:"):
             assert r["trained_on"] == (r["set"] in ("tutorial-3", "keyboard-3"))  # word_swap is held out
     none = {r["set"]: r["acc"] for r in out["rows"] if r["defense"] == "none"}
     assert out["drop"]["delta"] == pytest.approx(none["clean"] - none["tutorial-3"]) and DIFF <= set(out["drop"])
@@ -44,13 +46,22 @@ def test_quick_defenses_bench_contract(mdsd_dir):
         assert DIFF <= set(d[key])
     assert set(d["shift_change_by_domain"]) == {"kitchen", "books"}
     for key in ("ttt_vs_control", "ttt_on_top_of_spell"):
-        assert DIFF <= set(out[key]) and out[key]["sets"] == ["tutorial-3", "keyboard-3", "word_swap-3"]
+        assert DIFF <= set(out[key]) and out[key]["sets"] == OWN  # the own suite only, never the external sets
         assert out[key]["ci_low"] <= out[key]["delta"] <= out[key]["ci_high"] and out[key]["verdict"]
     mine = {(r["defense"], r["set"]): r["acc"] for r in out["rows"]}
-    sets = ["tutorial-3", "keyboard-3", "word_swap-3"]
     assert out["ttt_vs_control"]["delta"] == pytest.approx(
-        sum(mine[("masked_ttt", s)] - mine[("mask_ensemble", s)] for s in sets) / 3)
-    assert out["augment"]["held_out_sets"] == ["word_swap-3"] and DIFF <= set(out["augment"]["held_out"])
+        sum(mine[("masked_ttt", s)] - mine[("mask_ensemble", s)] for s in OWN) / 4)
+    assert out["augment"]["held_out_sets"] == ["word_swap-3", "misspelling-3"]
+    assert DIFF <= set(out["augment"]["held_out"])
+    g = out["generalisation"]
+    assert g["own_sets"] == OWN and g["external_sets"] == EXTERNAL
+    for m in names[1:]:
+        assert DIFF <= set(g["gains"][m]["own"]) and DIFF <= set(g["gains"][m]["external"])
+        w = g["worst_case"][m]  # the lowest change over all 11 sets, and harm when an interval is below 0
+        assert w["delta"] == pytest.approx(min(r["delta"] for r in out["rows"] if r["defense"] == m))
+        assert w["harm"] == any(r["ci_high"] < 0 for r in out["rows"] if r["defense"] == m)
+    assert g["default"]["name"] == d["name"] and set(OWN + EXTERNAL + ["external_pooled"]) <= set(g["default"])
+    assert g["default"]["external_pooled"]["sets"] == EXTERNAL and DIFF <= set(g["default"]["misspelling-3"]["drop"])
     run = out["per_seed"][0]
     assert run["ttt_selected"] in ("tutorial", "lr=1e-4") and set(run["ttt_validation"]) == {"tutorial", "lr=1e-4"}
     assert run["train_augment"]["augment"]["n_copies"] == 24  # half of the 48 quick training reviews

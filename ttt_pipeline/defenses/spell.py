@@ -21,7 +21,10 @@ hTese -> These; other mixed case is still left alone), `real_word` (a dictionary
 letters spell one 1,000x as frequent: rae -> are), `jumble_late` (inner letters shuffled, first and last kept,
 when no word is within the edit distance: nveagite -> negative), `context` (when several words are equally close,
 the one most probable between its neighbours by symspellpy's shipped bigram counts, instead of the most frequent:
-"I ahd" -> "I had", not "and"; without known neighbours it is the most frequent, as before). An option, not on by
+"I ahd" -> "I had", not "and"; without known neighbours it is the most frequent, as before), `confusions` (the known
+words one rewrite away that real misspellings show, learned from codespell's list of Wikipedia's common
+misspellings: gud -> good, ocasion -> occasion; they join SymSpell's closest words and the neighbours rank them all;
+an option until bench/spell_repair.py's rule adopts it). An option, not on by
 default (it failed the check: it costs keyboard typos): `jumble` (the same before the closest-word lookup).
 
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
@@ -56,13 +59,47 @@ _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context"})
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions"})
 # The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
 _CACHE_LIMIT = 500_000  # entries of each per-instance cache; a cache is cleared when full (bounded memory)
+CONFUSION_MIN_COUNT = 10  # `confusions`: a rewrite is learned when at least this many listed misspellings show it
+
+
+@lru_cache(maxsize=1)
+def _confusions() -> dict[str, tuple[str, ...]]:
+    """What real misspellings look like, learned from codespell's list of Wikipedia's common misspellings
+    (ttt_pipeline.corruption.misspellings): each differing segment of a misspelling and its correction (difflib
+    over letters; an insertion or deletion carries its left neighbour, else its right one: `ocasion` -> `occasion`
+    teaches c -> cc), counted over the list. Returns written segment -> the segments it stands for, most frequent
+    first, the rewrites seen at least CONFUSION_MIN_COUNT times that are more than one letter for one (those SymSpell's
+    closest words already cover). Patterns, not words: a listed misspelling itself is never looked up."""
+    import difflib
+
+    from ttt_pipeline.corruption.misspellings import misspelling_table
+
+    counts: Counter = Counter()
+    for right, wrongs in misspelling_table().items():
+        for wrong in wrongs:
+            for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, wrong, right, autojunk=False).get_opcodes():
+                if tag == "equal":
+                    continue
+                if i1 == i2 or j1 == j2:  # insertion or deletion: anchor it on a neighbour
+                    if i1 > 0:
+                        i1, j1 = i1 - 1, j1 - 1
+                    elif i2 < len(wrong):
+                        i2, j2 = i2 + 1, j2 + 1
+                    else:
+                        continue
+                counts[(wrong[i1:i2], right[j1:j2])] += 1
+    out: dict[str, list[str]] = {}
+    for (written, meant), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if n >= CONFUSION_MIN_COUNT and max(len(written), len(meant)) >= 2:  # one letter for one: SymSpell's own
+            out.setdefault(written, []).append(meant)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 @lru_cache(maxsize=4)
@@ -188,6 +225,7 @@ class SpellRepair:
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
         self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
+        self._confused = _confusions() if "confusions" in self.fixes else {}
         self._context = "context" in self.fixes
         if self._context:
             self._pairs, pairs_total, self._floor = _bigrams()
@@ -229,12 +267,29 @@ class SpellRepair:
             return self._jumbles[_jumble_key(squeezed)]
         limit = 1 if len(squeezed) <= 3 else self.max_edit_distance
         found = self._candidates(squeezed, limit)
+        if self._confused:  # the closest words, then those a learned confusion reaches: the neighbours choose
+            seen = {term for term, _ in found}
+            found += tuple(item for item in self._learned(squeezed) if item[0] not in seen)
         if len(found) > 1 and self._context:
             return found  # ranked per occurrence, by its neighbours (_ranked)
         best = max(found, key=lambda f: f[1])[0] if found else None  # the most frequent; ties: lookup order
         if best is None and "jumble_late" in self.fixes and len(squeezed) >= 4:
             best = self._jumbles.get(_jumble_key(squeezed))
         return None if best is None or best == low else best
+
+    def _learned(self, word: str) -> tuple[tuple[str, int], ...]:
+        """(term, count) of the known words one learned confusion away (`confusions`, _confusions()), in a fixed
+        order; empty when none is. They join SymSpell's closest words, and the neighbours rank them all."""
+        found: dict[str, int] = {}
+        for written, meant in self._confused.items():
+            start = word.find(written)
+            while start != -1:
+                for m in meant:
+                    term = word[:start] + m + word[start + len(written):]
+                    if term not in found and term != word and self._known(term):
+                        found[term] = self._count(term)
+                start = word.find(written, start + 1)
+        return tuple(found.items())
 
     def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int], ...]:
         """(term, count) of the closest words within `limit` of the dictionary and the training vocabulary."""
