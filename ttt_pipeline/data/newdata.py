@@ -15,7 +15,7 @@ import pandas as pd
 from ttt_pipeline.data import labels as L
 from ttt_pipeline.data.prepare import _clean, _columns
 from ttt_pipeline.data.readers import SUFFIXES
-from ttt_pipeline.data.sources import Source, load_source, missing_path_hint
+from ttt_pipeline.data.sources import existing_local, load_source
 from ttt_pipeline.errors import DataError
 
 FIELD = "nightly.data_path"
@@ -24,12 +24,9 @@ FIELD = "nightly.data_path"
 def resolve(path: str) -> str:
     """The source to read: a local folder holding data files -> its newest file (by modification time, then
     name); anything else as given."""
-    src = Source.parse(path)
-    if src.kind != "local":
+    p = existing_local(path, FIELD)
+    if p is None:
         return path
-    p = Path(src.ref).expanduser().resolve()
-    if not p.exists():
-        raise DataError(f"{p}: no such file or folder", missing_path_hint(p, FIELD))
     if p.is_dir():
         files = [f for f in p.iterdir() if f.is_file() and f.suffix.lower() in SUFFIXES]
         if files:

@@ -118,13 +118,21 @@ def missing_path_hint(path: Path | str, field: str) -> str:
     return f"{hint}; {MDSD_HINT.format(field=field)}" if "mdsd" in str(path).lower() else hint
 
 
-def source_fingerprint(text: str, field: str = "data.path") -> str:
-    """Cheap identity of a source for cache keys, before any download: content digest for local paths.
-    `field` names the config field in the error of a missing path."""
+def existing_local(text: str, field: str) -> Path | None:
+    """A local source's resolved path (an error naming `field` when it is missing); None for a remote source."""
     src = Source.parse(text)
     if src.kind != "local":
-        return text
+        return None
     path = Path(src.ref).expanduser().resolve()
     if not path.exists():
         raise DataError(f"{path}: no such file or folder", missing_path_hint(path, field))
+    return path
+
+
+def source_fingerprint(text: str, field: str = "data.path") -> str:
+    """Cheap identity of a source for cache keys, before any download: content digest for local paths.
+    `field` names the config field in the error of a missing path."""
+    path = existing_local(text, field)
+    if path is None:
+        return text
     return tree_digest(path) if path.is_dir() else file_digest(path)
