@@ -27,6 +27,7 @@ def mlflow_serve(model: str, bin_dir: Path, cwd: Path, env: dict[str, str] | Non
     port = free_port()
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != bin_dir)
     full = {**os.environ, "HF_HUB_OFFLINE": "1", "TTT_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false",
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
             "PATH": path if script else f"{bin_dir}{os.pathsep}{path}", **(env or {})}
     for var in ("TTT_TRACKING_URI", "PYTHONPATH", *([] if env and "MLFLOW_TRACKING_URI" in env
                                                      else ["MLFLOW_TRACKING_URI"])):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def _pip(venv: Path, *args: str, timeout: float = 900) -> None:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(model_dir, tmp_path_factory) -> Path:
+def fresh_venv(model_dir, tmp_path_factory):
     """python -m venv; torch (the build installed here: the CPU one, from this machine's wheels or PyTorch's CPU
     index); then `pip install -r <model>/requirements.txt` only."""
     from importlib.metadata import version
@@ -55,7 +56,8 @@ def fresh_venv(model_dir, tmp_path_factory) -> Path:
         _pip(venv, torch_pin, "--extra-index-url", TORCH_CPU_INDEX)
     _pip(venv, "-r", str(model_dir / "requirements.txt"))
     print(f"\nfresh venv from the model's requirements.txt: {time.monotonic() - t0:.0f} s")
-    return venv
+    yield venv
+    shutil.rmtree(venv, ignore_errors=True)  # about 1.5 GB: not left for pytest's rotation of its tmp folders
 
 
 def test_the_project_is_not_installed_in_the_fresh_venv(fresh_venv, tmp_path):

@@ -35,7 +35,8 @@ def pipeline(tmp_path_factory, tiny_bert_dir):
     from ttt_pipeline.config import PipelineConfig
 
     tmp = tmp_path_factory.mktemp("serving")
-    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, "serving", registry={"model_name": NAME}))
+    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, "serving", registry={"model_name": NAME},
+                                                    evaluation={"default_defense": "masked_ttt"}))
     with prefect.settings.temporary_settings(
             updates={prefect.settings.PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(tmp / "prefect-results")}):
         with prefect_test_harness(server_startup_timeout=120):
@@ -80,7 +81,7 @@ def test_the_run_logged_and_registered_an_mlflow_model(pipeline):
     [output] = ft.outputs.model_outputs
     lm = client.get_logged_model(output.model_id)
     assert mv.source == lm.artifact_location and str(lm.status) == "READY"
-    assert lm.params["inference.method"] == "masked_ttt"  # the first of ttt.methods other than none
+    assert lm.params["inference.method"] == "masked_ttt"  # evaluation.default_defense: what it serves
     # the evaluate run's headline is the logged model's too: search_logged_models ranks models by it
     ranked = client.search_logged_models([ft.info.experiment_id], filter_string="metrics.acc_default > -1",
                                          order_by=[{"field_name": "metrics.acc_default", "ascending": False}])
