@@ -448,6 +448,7 @@ def main() -> None:
                    metavar="K=V[,K=V]", help="TTT settings chosen on validation (`tutorial`: the ttt.* defaults)")
     p.add_argument("--min-speed", type=float, default=50.0, help="reviews/s a default defense must reach")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--partial-json", help="after each training seed, write the report over the seeds done so far here")
     args = p.parse_args()
     if not (MDSD / "electronics" / "positive.review").is_file():
         print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
@@ -500,6 +501,11 @@ def main() -> None:
             entry["train_augment"] = info
         per_seed.append(entry)
         log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
+        if args.partial_json:  # the report over the seeds done so far, rewritten after each (a run cut short keeps it)
+            done = list(plain) + [d for d in robust if d not in plain]
+            partial = {**report(test, val, done, data["families"], args, {"resamples": 2000, "seed": 0}),
+                       "seeds_done": [e["seed"] for e in per_seed]}
+            Path(args.partial_json).write_text(json.dumps(partial, default=float))
     defenses = list(plain) + [d for d in robust if d not in plain]
     kw = {"resamples": 2000, "seed": 0}
     out = report(test, val, defenses, data["families"], args, kw)
