@@ -110,9 +110,10 @@ class TutorialClassifier(nn.Module):
         return logits, loss
 
 
-def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> tuple[dict, dict]:
-    """The tutorial recipe on one training seed: (figures, per-review correctness; see `score_sets`)."""
-    import _torch_ttt_shim as shim
+def tutorial_train(seed: int, texts: list[str], labels: list[int], num_classes: int, epochs: int,
+                   warmup_steps: int) -> tuple:
+    """The tutorial's training on one seed: (model, tokenizer, collate, figures). Padding to 128 tokens, the MLM
+    head on every forward, AdamW 1e-4, linear schedule, weighted sampler, as torch-ttt's notebook does."""
     from torch.utils.data import DataLoader, WeightedRandomSampler
     from transformers import get_scheduler
 
@@ -120,11 +121,10 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 
     seed_all(seed)
     mlm, tok, _ = load_pretrained(MODEL)
-    texts, labels = data["train"]
-    counts = np.bincount(labels, minlength=4)
+    counts = np.bincount(labels, minlength=num_classes)
     inv = 1.0 / np.maximum(counts, 1)
     weights = torch.tensor(inv / inv.sum(), dtype=torch.float32)
-    model = TutorialClassifier(mlm.bert, mlm.cls, 4, weights)
+    model = TutorialClassifier(mlm.bert, mlm.cls, num_classes, weights)
 
     def collate(batch):
         enc = tok([b[0] for b in batch], padding="max_length", truncation=True, max_length=128, return_tensors="pt")
@@ -132,25 +132,9 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
 
     rows = list(zip(texts, labels))
     gen = torch.Generator().manual_seed(seed)
-    # head-only MLM warm-up: the encoder ships without a head (measurements.md: 50 steps, lr 1e-3)
-    head_opt = torch.optim.AdamW(mlm.cls.parameters(), lr=1e-3)
     special = [tok.pad_token_id, tok.cls_token_id, tok.sep_token_id]
     model.eval()
-    t0 = time.perf_counter()
-    warm_losses = []
-    for _ in range(warmup_steps):
-        idx = torch.randint(len(rows), (32,), generator=gen).tolist()
-        ids, am, _ = collate([rows[i] for i in idx])
-        mask = (torch.rand(ids.shape, generator=gen) < 0.15) & ~torch.isin(ids, torch.tensor(special))
-        with torch.no_grad():
-            hidden = mlm.bert(input_ids=ids.masked_fill(mask, tok.mask_token_id), attention_mask=am).last_hidden_state
-        loss = F.cross_entropy(mlm.cls(hidden)[mask], ids[mask])
-        head_opt.zero_grad()
-        loss.backward()
-        head_opt.step()
-        warm_losses.append(loss.item())
-    warm_s = time.perf_counter() - t0
-
+    warm_s, warm_losses = _tutorial_warmup(mlm, tok, rows, collate, gen, special, warmup_steps)
     sampler = WeightedRandomSampler(torch.tensor(inv[labels], dtype=torch.double), len(labels), replacement=True,
                                     generator=gen)
     loader = DataLoader(rows, batch_size=32, sampler=sampler, collate_fn=collate)
@@ -169,6 +153,36 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
         log(f"[tutorial seed {seed}] epoch {epoch + 1}/{epochs} loss {loss.item():.3f}")
     train_s = time.perf_counter() - t0
     model.eval()
+    res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s, "mlm_warmup_s": warm_s,
+           "mlm_warmup_final_loss": float(np.mean(warm_losses[-10:])) if warm_losses else None}
+    return model, tok, collate, res
+
+
+def _tutorial_warmup(mlm, tok, rows, collate, gen, special, steps: int) -> tuple[float, list[float]]:
+    """Head-only MLM warm-up: the encoder ships without a head (measurements.md: 50 steps, lr 1e-3)."""
+    head_opt = torch.optim.AdamW(mlm.cls.parameters(), lr=1e-3)
+    t0 = time.perf_counter()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(rows), (32,), generator=gen).tolist()
+        ids, am, _ = collate([rows[i] for i in idx])
+        mask = (torch.rand(ids.shape, generator=gen) < 0.15) & ~torch.isin(ids, torch.tensor(special))
+        with torch.no_grad():
+            hidden = mlm.bert(input_ids=ids.masked_fill(mask, tok.mask_token_id), attention_mask=am).last_hidden_state
+        loss = F.cross_entropy(mlm.cls(hidden)[mask], ids[mask])
+        head_opt.zero_grad()
+        loss.backward()
+        head_opt.step()
+        losses.append(loss.item())
+    return time.perf_counter() - t0, losses
+
+
+def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> tuple[dict, dict]:
+    """The tutorial recipe on one training seed: (figures, per-review correctness; see `score_sets`)."""
+    import _torch_ttt_shim as shim
+
+    model, tok, collate, res = tutorial_train(seed, *data["train"], 4, epochs, warmup_steps)
+    special = [tok.pad_token_id, tok.cls_token_id, tok.sep_token_id]
 
     def plain(texts_):
         preds = []
@@ -193,8 +207,6 @@ def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets
             preds += out[0].argmax(-1).tolist()  # the model returns (logits, loss)
         return preds
 
-    res = {"train_samples_per_s": len(labels) * epochs / train_s, "train_s": train_s, "mlm_warmup_s": warm_s,
-           "mlm_warmup_final_loss": float(np.mean(warm_losses[-10:])) if warm_losses else None}
     scores, right = score_sets(data, plain, [ttt], ttt_sets)
     return res | scores, right
 

@@ -1,0 +1,341 @@
+"""Speed and memory of the pipeline's hot paths, side by side in one run on the same reviews (issue 37).
+
+Data: MDSD electronics (../shared/data/mdsd, bench/accuracy.py's reader and split seed 42: 4-class star rating), or
+the shipped demo reviews (polarity, the demo preset's label map) where MDSD is absent. `--train-size` reviews train,
+`--test-size` are scored; the corrupted copies use the tutorial composite at severity 3 (seed 42).
+
+Each figure is a ratio to a reference measured in this run, on the same reviews:
+- `finetune_speedup`: training samples/s of the default recipe (the library's `finetune` with the preset's finetune
+  section, `precision: auto`) over the torch-ttt tutorial's loop (bench/accuracy.py `tutorial_train`: padding to
+  128 tokens, the MLM head on every token), same reviews and epochs, the MLM warm-ups excluded from both.
+  `clean_delta`: the recipe's clean accuracy minus the tutorial's on the same test reviews (paired interval).
+- `ttt_fraction_of_limit`: masked TTT reviews/s over a quarter of the plain forward rate of the same model at the
+  same padding (the library's predict: trailing padding trimmed), precision and batch; one TTT step costs about
+  four forward passes (the step's forward and backward, the prediction).
+- `repair_reviews_per_s`: `spell` alone on the corrupted test reviews, a fresh repair (empty word caches) per
+  repeat, its dictionary built once, untimed;
+  `predict_reviews_per_s`: the model alone; `spell_overhead`: time(spell + model) / time(model) - 1.
+- `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against a real `mlflow models serve` of the
+  model (its default method, the presets' recommended `spell`).
+- `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs).
+- `precision_check`: a 384x1536 linear layer's forward and backward under bf16 autocast over fp32 (`bf16_over_fp32`)
+  and whether `precision: auto` picked the faster one on this CPU (`auto_picks_faster`).
+Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each recipe trains once.
+Every run prints `machine` (CPU kind, native bf16, threads, torch): compare timings of one CPU kind only.
+
+    .venv/bin/python bench/speed.py --json            # MDSD: about 15 min on 2 cores
+    .venv/bin/python bench/speed.py --quick --json    # smoke: tiny sizes, about 2 min
+Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy import MDSD, MODEL, load_domain, log, tutorial_train  # noqa: E402
+
+from ttt_pipeline.config import load_config  # noqa: E402
+from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
+from ttt_pipeline.evaluation.stats import paired_difference  # noqa: E402
+from ttt_pipeline.modeling.precision import machine_summary, resolve_precision  # noqa: E402
+
+
+def rss_reset() -> None:
+    """Start a new peak: writing 5 to clear_refs resets VmHWM (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def rss_peak_mb() -> float | None:
+    m = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()) if Path("/proc/self").exists() else None
+    return round(int(m.group(1)) / 1024, 1) if m else None
+
+
+def load_data(args) -> dict:
+    """Train and test reviews with labels, and the corrupted copy of the test reviews."""
+    if (MDSD / "electronics" / "positive.review").is_file() and not args.demo:
+        texts, labels = load_domain("electronics", 42)
+        cut = int(0.8 * len(texts))
+        train, test = (texts[:cut], labels[:cut]), (texts[cut:], labels[cut:])
+        source, preset, classes = "mdsd-electronics", "mdsd-electronics", 4
+    else:
+        train, test, classes = demo_splits()
+        source, preset = "demo", "demo"
+    train = (train[0][:args.train_size], train[1][:args.train_size])
+    test = (test[0][:args.test_size], test[1][:args.test_size])
+    corrupted = corrupt_texts(test[0], "tutorial", 3, 42).texts
+    return {"train": train, "test": test, "corrupted": corrupted, "source": source, "preset": preset,
+            "classes": classes}
+
+
+def demo_splits() -> tuple:
+    """The demo preset's own split and label map (the library's download step, in a temporary store)."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.data.prepare import load_prepared
+    from ttt_pipeline.storage import StepStore
+
+    cfg = load_config("demo")
+    cfg.data.path = str((REPO / cfg.data.path).resolve()) if not Path(cfg.data.path).is_absolute() else cfg.data.path
+    with tempfile.TemporaryDirectory() as tmp:
+        ds, _ = load_prepared(steps.download(cfg, StepStore(tmp)).path)
+        pick = lambda s: (list(ds[s]["text"]), list(ds[s]["label"]))  # noqa: E731
+        return pick("train"), pick("test"), len(set(ds["train"]["label"]))
+
+
+def train_ours(data: dict, args):
+    """The preset's recipe through the library's finetune: (model, tokenizer, train samples/s, config)."""
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.train import finetune
+
+    cfg = load_config(data["preset"])
+    ft = cfg.finetune.model_copy(update={"epochs": args.epochs, "early_stopping_patience": 0, "seed": args.seed,
+                                         "mlm_warmup_max_steps": args.warmup_steps})
+    torch.manual_seed(args.seed)
+    model, tok = build_classifier(cfg.model, [str(i) for i in range(data["classes"])])
+    ds = lengths_dataset(tok, data["train"][0], cfg.model.max_length, label=data["train"][1])
+    with tempfile.TemporaryDirectory() as work:
+        result = finetune(model, tok, ds, None, ft, Path(work))
+    return model.eval(), tok, result.train_samples_per_s, cfg
+
+
+def tutorial_predict(model, collate, texts: list[str]) -> list[int]:
+    preds = []
+    with torch.no_grad():
+        for i in range(0, len(texts), 32):
+            ids, am, _ = collate([(t, 0) for t in texts[i:i + 32]])
+            preds += model(ids, am)[0].argmax(-1).tolist()
+    return preds
+
+
+def timed(fn, repeats: int) -> tuple[list[float], object]:
+    """Wall seconds of each of `repeats` calls, and the last call's result."""
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def spread(values: list[float], digits: int = 3) -> dict:
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits), "n": len(values)}
+
+
+def precision_figures(rows: int, repeats: int) -> dict:
+    """A 384x1536 linear layer's forward and backward (MiniLM's FFN) in fp32 and under bf16 autocast: what
+    `precision: auto` decides, measured (on an AVX2-only CPU bf16 is emulated: 17.6x slower, 2026-11-24)."""
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(384, 1536), torch.randn(rows, 384, requires_grad=True)
+
+    def step(bf16: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = layer(x)
+        y.float().sum().backward()
+
+    step(False), step(True)  # warm-up: kernels chosen, memory allocated
+    fp32, _ = timed(lambda: step(False), repeats)
+    bf16, _ = timed(lambda: step(True), repeats)
+    ratio = [b / f for b, f in zip(bf16, fp32)]
+    return {"bf16_over_fp32": spread(ratio, 2), "auto_picks": resolve_precision("cpu", "auto").name,
+            "auto_picks_faster": (resolve_precision("cpu", "auto").name == "bf16") == (statistics.median(ratio) < 1)}
+
+
+def finetune_figures(data: dict, args) -> tuple[dict, object]:
+    """Both recipes on the same reviews: speedup, clean accuracies and their paired difference; our model."""
+    rss_reset()
+    tut, ttok, collate, tut_res = tutorial_train(args.seed, *data["train"], data["classes"], args.epochs,
+                                                 args.warmup_steps)
+    tut_rss = rss_peak_mb()
+    test_t, test_y = data["test"]
+    tut_right = np.array(tutorial_predict(tut, collate, test_t)) == np.array(test_y)
+    del tut
+    rss_reset()
+    model, tok, ours_rate, cfg = train_ours(data, args)
+    ours_rss = rss_peak_mb()
+    ours_right = predict(model, tok, test_t, "none", cfg).argmax(-1) == np.array(test_y)
+    delta = paired_difference(tut_right.astype(float), ours_right.astype(float), resamples=2000, seed=0)  # ours - tut
+    figures = {"finetune_speedup": round(ours_rate / tut_res["train_samples_per_s"], 3),
+               "train_samples_per_s": {"recipe": round(ours_rate, 2),
+                                       "tutorial": round(tut_res["train_samples_per_s"], 2)},
+               "clean_acc": {"recipe": float(ours_right.mean()), "tutorial": float(tut_right.mean())},
+               "clean_delta": {k: getattr(delta, k) for k in ("delta", "ci_low", "ci_high", "n")},
+               "precision": resolve_precision("cpu", cfg.finetune.precision).name,
+               "rss": {"finetune_tutorial": tut_rss, "finetune": ours_rss}}
+    return figures, (model, tok, cfg)
+
+
+def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.ndarray:
+    from ttt_pipeline.evaluation.scoring import predict_texts
+
+    return predict_texts(model, tok, texts, method, cfg.ttt, cfg.model.max_length, cfg.ttt.batch_size, "cpu",
+                         repairs=repairs)
+
+
+def scoring_figures(trained, data: dict, args) -> dict:
+    """TTT against its limit, the repair alone, the model with and without it: medians over repeats."""
+    from ttt_pipeline.defenses import registry
+
+    model, tok, cfg = trained
+    texts = data["corrupted"]
+
+    def fresh_spell():  # a new repair, its word caches empty (the dictionary loads once per process, untimed)
+        return registry.build_repairs("spell", cfg.ttt, {"vocabulary": data["train"][0]})
+
+    fresh_spell()
+    rss_reset()
+    plain_s, _ = timed(lambda: predict(model, tok, texts, "none", cfg), args.repeats)
+    rss = {"predict": rss_peak_mb()}
+    rss_reset()
+    ttt_s, _ = timed(lambda: predict(model, tok, texts, "masked_ttt", cfg), args.repeats)
+    rss["masked_ttt"] = rss_peak_mb()
+    repair_s, spell_s = [], []
+    for _ in range(args.repeats):
+        repair = fresh_spell()
+        repair_s += timed(lambda r=repair: r[0](list(texts)), 1)[0]
+        repair = fresh_spell()
+        spell_s += timed(lambda r=repair: predict(model, tok, texts, "spell", cfg, repairs=r), 1)[0]
+    n = len(texts)
+    fraction = [(n / t) / (n / p / 4) for t, p in zip(ttt_s, plain_s)]
+    overhead = [s / p - 1 for s, p in zip(spell_s, plain_s)]
+    return {"ttt_fraction_of_limit": spread(fraction), "ttt_reviews_per_s": spread([n / t for t in ttt_s], 1),
+            "predict_reviews_per_s": spread([n / t for t in plain_s], 1),
+            "repair_reviews_per_s": spread([n / t for t in repair_s], 1),
+            "spell_overhead": spread(overhead), "rss": rss}
+
+
+def serve_figures(trained, data: dict, args) -> dict:
+    """p50/p95 of one review per request against `mlflow models serve` of the model (local environment)."""
+    from ttt_pipeline.classifier import inference_config
+    from ttt_pipeline.defenses.vocabulary import training_vocabulary
+    from ttt_pipeline.io.mlflow_model import save_classifier_model
+    from ttt_pipeline.modeling.model import save_model
+
+    model, tok, cfg = trained
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_model(model, tok, Path(tmp) / "model")
+        served = save_classifier_model(folder, Path(tmp) / "mlflow-model",
+                                       inference_config(cfg.ttt, cfg.evaluation.defense),
+                                       training_vocabulary(data["train"][0]))
+        with model_server(served, Path(tmp) / "serve.log") as url:
+            latencies = [post(url, text) for text in data["test"][0][:args.requests]]
+    ms = sorted(1000 * t for t in latencies)
+    return {"serve_p50_ms": round(float(np.percentile(ms, 50)), 1),
+            "serve_p95_ms": round(float(np.percentile(ms, 95)), 1), "serve_requests": len(ms),
+            "serve_method": cfg.evaluation.defense}
+
+
+class model_server:
+    """`mlflow models serve` on a free loopback port, stopped (the whole process group) on exit."""
+
+    def __init__(self, model_path: Path, log_path: Path):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.model_path, self.log_path = model_path, log_path
+
+    def __enter__(self) -> str:
+        bin_dir = Path(sys.executable).parent  # MLflow starts `uvicorn` from PATH
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
+               "TTT_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", str(self.model_path),
+                                      "--env-manager", "local", "-h", "127.0.0.1", "-p", str(self.port)], env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        url, deadline = f"http://127.0.0.1:{self.port}", time.monotonic() + 240
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
+                    if r.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.5)
+        self.__exit__()
+        raise SystemExit(f"mlflow models serve did not answer: {self.log_path.read_text()[-2000:]}")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def post(url: str, text: str) -> float:
+    body = json.dumps({"inputs": [text]}).encode()
+    req = urllib.request.Request(f"{url}/invocations", body, {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=60) as r:
+        json.loads(r.read())
+    return time.perf_counter() - t0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="one JSON object on the last stdout line")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every figure")
+    p.add_argument("--demo", action="store_true", help="the shipped demo reviews even where MDSD is present")
+    p.add_argument("--train-size", type=int, default=800)
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--warmup-steps", type=int, default=50, help="MLM-head warm-up of both recipes (untimed)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--requests", type=int, default=200, help="serving requests (one review each)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-serve", action="store_true", help="skip the model server")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.train_size, args.test_size, args.epochs = min(args.train_size, 64), min(args.test_size, 48), 1
+        args.warmup_steps, args.repeats, args.requests = min(args.warmup_steps, 5), 2, min(args.requests, 20)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    data = load_data(args)
+    log(f"[speed] {data['source']}: {len(data['train'][0])} training, {len(data['test'][0])} test reviews")
+    out = {"source": data["source"], "train": len(data["train"][0]), "test": len(data["test"][0]),
+           "precision_check": precision_figures(512 if args.quick else 4096, args.repeats)}
+    log(f"[speed] precision: {out['precision_check']}")
+    ft, trained = finetune_figures(data, args)
+    log(f"[speed] fine-tuning: {ft}")
+    scoring = scoring_figures(trained, data, args)
+    log(f"[speed] scoring: {scoring}")
+    serve = {} if args.no_serve else serve_figures(trained, data, args)
+    out.update({k: v for k, v in {**ft, **scoring}.items() if k != "rss"}, **serve)
+    out["peak_rss_mb"] = {**ft["rss"], **scoring["rss"]}
+    out["settings"] = {k: getattr(args, k) for k in ("epochs", "warmup_steps", "repeats", "requests", "seed",
+                                                      "quick")} | {"model": MODEL}
+    out["machine"] = machine_summary()
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out, default=float) if args.json else json.dumps(out, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""bench/speed.py --quick on the shipped demo reviews: every figure of issue 37 from one run, each against its
+reference of the same run, with the machine it was measured on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SPREAD = {"median", "min", "max", "n"}
+
+
+@pytest.mark.slow
+def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TTT_CPU_NATIVE_BF16"}  # the bench asks the real CPU
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "speed.py"), "--quick", "--demo", "--json"],
+                          capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (tmp_path / "stdout.txt").write_text(proc.stdout)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["source"] == "demo" and out["train"] == 64 and out["test"] == 48
+    rates = out["train_samples_per_s"]
+    assert out["finetune_speedup"] == pytest.approx(rates["recipe"] / rates["tutorial"], rel=1e-2)
+    d = out["clean_delta"]
+    assert d["ci_low"] <= d["delta"] <= d["ci_high"] and d["n"] == 48
+    assert d["delta"] == pytest.approx(out["clean_acc"]["recipe"] - out["clean_acc"]["tutorial"])
+    for key in ("ttt_fraction_of_limit", "ttt_reviews_per_s", "predict_reviews_per_s", "repair_reviews_per_s",
+                "spell_overhead"):
+        assert set(out[key]) == SPREAD and out[key]["n"] == 2, key
+        assert out[key]["min"] <= out[key]["median"] <= out[key]["max"], key
+    # TTT adapts and predicts: slower than plain prediction, and its limit is a quarter of that
+    assert 0 < out["ttt_reviews_per_s"]["median"] < out["predict_reviews_per_s"]["median"]
+    assert 0 < out["ttt_fraction_of_limit"]["median"] < 2
+    assert out["repair_reviews_per_s"]["median"] > 0 and out["spell_overhead"]["median"] > -0.5
+    assert 0 < out["serve_p50_ms"] <= out["serve_p95_ms"] and out["serve_requests"] == 20
+    assert out["serve_method"] == "spell"
+    assert set(out["peak_rss_mb"]) == {"finetune_tutorial", "finetune", "predict", "masked_ttt"}
+    check = out["precision_check"]
+    assert set(check["bf16_over_fp32"]) == SPREAD and check["auto_picks"] == out["precision"]
+    machine = out["machine"]
+    if not machine["native_bf16"]:  # emulated bf16 is many times slower: auto must have picked fp32
+        assert check["auto_picks"] == "fp32" and check["bf16_over_fp32"]["median"] > 2 and check["auto_picks_faster"]
+    assert machine["cpu_capability"] and machine["threads"] >= 1 and isinstance(machine["native_bf16"], bool)
+    assert out["precision"] == ("bf16" if machine["native_bf16"] else "fp32")
