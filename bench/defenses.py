@@ -62,7 +62,8 @@ Output (`--json`: the last stdout line is one JSON object):
 - generalisation: own suite against external generators per defense (`gains`: own, external, pooled), every
   defense's `worst_case` (its lowest paired change over all scored sets, clean and shift included, and `harm`: any
   set's interval wholly below 0, with `harmed_sets`), and for the default the recovered fraction of the drop on each
-  corrupted set and on the external sets pooled (`external_pooled`), each with its drop and interval;
+  corrupted set and on the external sets pooled (`external_pooled`), each with its drop and interval (`fractions`:
+  the same for every defense);
 - estimated_full_run_s: the full run's duration predicted from this run's measured reviews/s per defense.
 
 Run: `.venv/bin/python bench/defenses.py --json`, or `--quick` (a smoke run on a few reviews, for the tests; about
@@ -381,9 +382,12 @@ def generalisation(test: dict, rows: list[dict], defenses: list[str], name: str,
         harmed = [r["set"] for r in mine if r["ci_high"] < 0]
         out["worst_case"][d] = {"delta": low["delta"], "ci_low": low["ci_low"], "ci_high": low["ci_high"],
                                 "set": low["set"], "harm": bool(harmed), "harmed_sets": harmed}
-    out["default"] = {"name": name, **{s: _fraction(test, name, [s], kw) for s in own + ext}}
-    if ext:
-        out["default"]["external_pooled"] = _fraction(test, name, ext, kw)
+    out["fractions"] = {}
+    for d in [name] + [d for d in defenses if d not in ("none", name)]:
+        out["fractions"][d] = {s: _fraction(test, d, [s], kw) for s in own + ext}
+        if ext:
+            out["fractions"][d]["external_pooled"] = _fraction(test, d, ext, kw)
+    out["default"] = {"name": name, **out["fractions"][name]} if name != "none" else {"name": name}
     return out
 
 
