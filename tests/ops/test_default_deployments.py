@@ -120,7 +120,10 @@ def test_nightly_without_a_champion_fails_once_and_says_what_to_do(stack, night_
     assert "has no version at alias 'champion': no champion yet" in fr.state.message
     assert "run the ttt-pipeline deployment once" in fr.state.message  # the hint travels with it
     assert fr.run_count == 1 and not [s for s in states if s.name in ("AwaitingRetry", "Retrying")]
-    assert PipelineConfig.model_validate(fr.parameters["config"]) == load_config("demo")  # prefect.yaml's
+    deployed = PipelineConfig.model_validate(fr.parameters["config"])  # prefect.yaml's
+    assert deployed.data.path == "data/demo/reviews.jsonl"  # in the worker's home; the preset's bundled copy below
+    assert deployed.model_copy(update={"data": deployed.data.model_copy(
+        update={"path": load_config("demo").data.path})}) == load_config("demo")
     (note,) = [a for a in arts if a.key == "nightly-reevaluation"]
     assert note.type == "markdown" and "No champion yet" in note.data and "NO CHAMPION" in note.description
 
@@ -140,7 +143,8 @@ def test_pipeline_with_its_default_parameters_completes_and_registers_the_champi
     parent_id = run.data.tags.get("mlflow.parentRunId", champion.run_id)
     params = client.get_run(parent_id).data.params
     demo = load_config("demo").flat()
-    for key in ("data.path", "data.label_column", "finetune.epochs", "finetune.joint_passes", "finetune.precision"):
+    assert params["data.path"] == "data/demo/reviews.jsonl"  # prefect.yaml's, read in the worker's home
+    for key in ("data.label_column", "finetune.epochs", "finetune.joint_passes", "finetune.precision"):
         assert params[key] == demo[key], key  # the demo preset, as prefect.yaml deploys it
     metrics = client.get_run(parent_id).data.metrics
     assert 0.0 <= metrics["acc_ttt"] <= 1.0 and 0.0 <= metrics["acc_clean"] <= 1.0
