@@ -45,6 +45,13 @@ class FakeTracker:
 
     params = dataset = artifact = dict = tags
 
+    class client:  # log_download looks up the parent run to tag the task: a stage run without one here
+        @staticmethod
+        def get_run(run_id):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(data=SimpleNamespace(tags={}))
+
 
 def test_dropped_rows_are_counted_warned_and_logged_as_metrics(tmp_path, caplog):
     rows = ROWS + [{"text": "  \t ", "label": 1}, {"text": "", "label": 2}, {"text": "no label", "label": None},
