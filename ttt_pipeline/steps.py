@@ -71,10 +71,13 @@ def stored(step: str, inputs: dict, store: StepStore) -> StepOutput | None:
 
 
 def download_inputs(cfg: PipelineConfig) -> dict:
+    """A source is keyed by what it holds (a local file's digest, a remote address), never by how its path is
+    spelled: `data/demo/...`, its resolved link target and an absolute path share one cached download."""
     from ttt_pipeline.data.sources import source_fingerprint
 
     d = cfg.data
-    return {"data": d.model_dump(mode="json"), "source": source_fingerprint(d.path),
+    settings = d.model_dump(mode="json", exclude={"path", "test_path", "shift"})
+    return {"data": settings, "source": source_fingerprint(d.path),
             "test_source": source_fingerprint(d.test_path, "data.test_path") if d.test_path else None,
             "shift": {k: source_fingerprint(v, f"data.shift.{k}") for k, v in sorted(d.shift.items())}}
 

@@ -100,3 +100,24 @@ def test_missing_local_source_names_its_config_field(tmp_path):
     cfg = PipelineConfig(data=DataConfig(shift={"kitchen": str(tmp_path / "gone")}))
     with pytest.raises(DataError, match=r"check data\.shift\.kitchen"):
         steps.download_inputs(cfg)
+
+
+def test_download_key_follows_the_content_not_the_path_spelling(tmp_path):
+    """The bundled demo is reached through the `data/demo` link and through its resolved target; both spellings
+    (and a copy of the same bytes) share one cached download, while other bytes make a new one."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig
+
+    real = tmp_path / "real" / "reviews.jsonl"
+    real.parent.mkdir()
+    real.write_text('{"text": "good", "rating": 5}\n')
+    (tmp_path / "link").symlink_to(real.parent)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(real.read_bytes())
+
+    def key(path):
+        return steps.download_inputs(PipelineConfig(data=DataConfig(path=str(path))))
+
+    assert key(tmp_path / "link" / "reviews.jsonl") == key(real) == key(copy)
+    copy.write_text('{"text": "bad", "rating": 1}\n')
+    assert key(copy) != key(real)

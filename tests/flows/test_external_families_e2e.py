@@ -11,8 +11,6 @@ from ttt_pipeline.config import PipelineConfig
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=False, reason="known failure seen 2026-11-24 19:46, not yet diagnosed: worst_case['spell']"
-                   "['n_sets'] is 3 where the test expects 2 (never run before this stop); see the session-19 note")
 def test_pipeline_scores_external_sets_apart_and_reports_the_worst_case(tmp_path, tiny_bert_dir):
     from mlflow.tracking import MlflowClient
     from prefect.testing.utilities import prefect_test_harness
@@ -29,7 +27,9 @@ def test_pipeline_scores_external_sets_apart_and_reports_the_worst_case(tmp_path
     assert set(summary["gains"]["spell"]) >= {"corrupted", "external"}
     assert "external_drop" in summary and summary["defense_external_gain"]["method"] == "spell"
     w = summary["worst_case"]["spell"]
-    assert w["n_sets"] == 2 and w["set"] in ("misspelling-3", "ext:keyboard-3") and isinstance(w["harm"], bool)
+    # every scored set: the two corrupted ones and clean text (a repair may harm clean input too)
+    assert w["n_sets"] == 3 and w["set"] in ("misspelling-3", "ext:keyboard-3", "clean")
+    assert isinstance(w["harm"], bool)
     assert 0.0 <= summary["acc_external"] <= 1.0
     metrics = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"]).data.metrics
     assert metrics["harm/spell"] == float(w["harm"]) and metrics["worst/spell"] == pytest.approx(w["delta"])

@@ -101,8 +101,6 @@ def test_mlflow_run_tree(runs):
     assert 0.05 < rate < 0.15
 
 
-@pytest.mark.xfail(strict=False, reason="known failure seen 2026-11-24 19:46, not yet diagnosed: the cached re-run's "
-                   "stdout lacks 'cached tasks: 5/5   wall time' (issue 38/33 changes); see the session-19 note")
 def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     """Same config from the CLI in a fresh process: every task from cache, JSON summary on the last line."""
     tmp, _, first, _, _ = runs
