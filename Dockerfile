@@ -19,9 +19,6 @@ RUN pip install "torch==2.13.0" --index-url "${TORCH_INDEX_URL}"
 WORKDIR /opt/ttt-pipeline
 COPY pyproject.toml README.md* LICENSE constraints.txt ./
 COPY ttt_pipeline ttt_pipeline
-COPY tasks tasks
-COPY flows flows
-COPY cli cli
 COPY prefect.yaml ./
 # editable; the presets (and the demo reviews) ship inside the package; psycopg2 is MLflow's postgres driver
 # (Prefect's, asyncpg, is already one of its dependencies)

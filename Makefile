@@ -61,7 +61,7 @@ test-all: test test-slow test-integration test-browser
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python scripts/function_length.py ttt_pipeline tasks flows cli --max 80
+	$(BIN)/python scripts/function_length.py ttt_pipeline --max 80
 
 test-integration: setup
 	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)

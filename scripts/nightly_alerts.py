@@ -1,5 +1,5 @@
 """The nightly alarm's notification: a Prefect automation that turns every `ttt.nightly.regression` event (emitted
-by flows/reevaluate.py) into a POST to a webhook.
+by ttt_pipeline/flows/reevaluate.py) into a POST to a webhook.
 
     TTT_ALERT_WEBHOOK_URL=https://hooks.example.com/... PREFECT_API_URL=http://127.0.0.1:4200/api \\
         .venv/bin/python scripts/nightly_alerts.py

@@ -131,7 +131,7 @@ def test_every_field_of_every_section_is_described():
 
 
 def test_unknown_field_hint_names_a_command_that_exists(capsys):
-    from cli.main import build_parser
+    from ttt_pipeline.cli.main import build_parser
 
     with pytest.raises(ConfigError) as exc:
         load_config("demo", ["finetune.epoch=2"])

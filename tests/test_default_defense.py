@@ -107,7 +107,7 @@ def test_new_reviews_come_from_the_newest_file_of_a_folder(tmp_path):
 
 
 def test_reevaluate_checks_nightly_data_path_before_any_scoring(capsys, tmp_path):
-    from cli.main import main
+    from ttt_pipeline.cli.main import main
 
     code = main(["reevaluate", "--set", f"nightly.data_path={tmp_path / 'missing.jsonl'}", "--set",
                  f"store={tmp_path / 'store'}"])

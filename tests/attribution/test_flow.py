@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def runs(tmp_path_factory, tiny_bert_dir):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("attr-flow")
     cfg = PipelineConfig.model_validate(tiny_config(

@@ -316,10 +316,10 @@ def test_attribute_stage_is_logged_and_explained(upstream, monkeypatch, capsys):
     import prefect.artifacts
     from mlflow.tracking import MlflowClient
 
-    from cli.main import main
-    from tasks.stages import log_stage_task
     from ttt_pipeline import steps
+    from ttt_pipeline.cli.main import main
     from ttt_pipeline.io.tracking import Tracker
+    from ttt_pipeline.tasks.stages import log_stage_task
 
     cfg, store, data, model, corrupted, evaluation = upstream
     out = steps.attribute(cfg, data, model, corrupted, [evaluation], store)

@@ -191,7 +191,7 @@ def stack(tmp_path_factory, tiny_bert_dir):
                           tracking={"tracking_uri": f"sqlite:///{db}", "run_name": "ui-run"},
                           registry={"model_name": MODEL_NAME})
         (tmp / "tiny.yaml").write_text(yaml.safe_dump(cfg))
-        proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "--config", str(tmp / "tiny.yaml"),
+        proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli.main", "run", "--config", str(tmp / "tiny.yaml"),
                                "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])

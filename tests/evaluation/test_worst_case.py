@@ -99,7 +99,7 @@ def test_report_shows_worst_case_and_external_rows():
 
 
 def test_console_summary_has_external_rows_and_worst_case():
-    from cli.console import summary_table
+    from ttt_pipeline.cli.console import summary_table
 
     preds, rows = _grid()
     stats = robustness.run_statistics(rows, preds, [0], default_defense="spell", resamples=400, seed=0)

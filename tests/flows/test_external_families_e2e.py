@@ -15,7 +15,7 @@ def test_pipeline_scores_external_sets_apart_and_reports_the_worst_case(tmp_path
     from mlflow.tracking import MlflowClient
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
     from ttt_pipeline.io.report import headline_table
 
     cfg = PipelineConfig.model_validate(tiny_config(

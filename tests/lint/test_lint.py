@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PACKAGES = ("ttt_pipeline", "tasks", "flows", "cli")
+PACKAGES = ("ttt_pipeline",)
 
 
 def _tools() -> None:
@@ -51,10 +51,10 @@ def test_the_tree_keeps_every_contract(tmp_path):
 @pytest.mark.parametrize("module, line, contract", [
     ("ttt_pipeline/modeling/model.py", "import mlflow  # noqa", "The pure core imports neither"),
     ("ttt_pipeline/evaluation/stats.py", "from ttt_pipeline.io import tracking  # noqa", "The pure core imports"),
-    ("ttt_pipeline/io/report.py", "import flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
+    ("ttt_pipeline/io/report.py", "import ttt_pipeline.flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
     ("ttt_pipeline/defenses/tent.py", "from ttt_pipeline.defenses import spell  # noqa", "Defenses are independent"),
     ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
-    ("tasks/progress.py", "import flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
+    ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     _tools()
@@ -76,8 +76,8 @@ def test_ruff_and_the_function_length_check_fail_on_a_violation(tmp_path):
     length = subprocess.run([sys.executable, str(REPO / "scripts" / "function_length.py"), str(tmp_path)],
                             capture_output=True, text=True)
     assert length.returncode == 1 and "long is 83 lines (limit 80)" in length.stdout, length.stdout
-    ok = subprocess.run([sys.executable, str(REPO / "scripts" / "function_length.py"), "ttt_pipeline", "tasks",
-                         "flows", "cli"], cwd=REPO, capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, str(REPO / "scripts" / "function_length.py"), "ttt_pipeline"],
+                        cwd=REPO, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout
 
 

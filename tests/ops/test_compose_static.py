@@ -145,16 +145,16 @@ def test_prefect_yaml():
     assert sched["cron"] and sched["timezone"] and sched["active"] is True
     for d in deps.values():
         assert ":" not in d["entrypoint"]  # module paths: imported from the installed package
-    assert doc["pull"] == [{"flows.stages.enter_pipeline_home": {}}]
+    assert doc["pull"] == [{"ttt_pipeline.flows.stages.enter_pipeline_home": {}}]
 
 
 def test_both_started_deployments_set_their_config_to_the_flows_default_the_demo_preset():
     """The UI's Run button and the nightly schedule run the deployment's parameters: a complete, working config."""
     import inspect
 
-    from flows.pipeline import ttt_pipeline
-    from flows.reevaluate import nightly_reevaluation
     from ttt_pipeline.config import PipelineConfig, load_config
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.reevaluate import nightly_reevaluation
 
     demo = load_config("demo")
     deps = {d["name"]: d for d in load("prefect.yaml")["deployments"]}

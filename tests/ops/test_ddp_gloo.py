@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_sharded_batches_split_every_epoch_evenly():
-    from tasks.distributed import ShardedBatches
     from ttt_pipeline.modeling.train import WeightedLengthGroupedBatches
+    from ttt_pipeline.tasks.distributed import ShardedBatches
 
     inner = WeightedLengthGroupedBatches(None, list(range(5, 75)), 8, seed=3)  # 70 rows -> 9 batches
     shards = [ShardedBatches(inner, r, 2) for r in range(2)]
@@ -32,9 +32,9 @@ def test_sharded_batches_split_every_epoch_evenly():
 
 
 def test_two_gloo_ranks_train_identical_weights(tmp_path, tiny_bert_dir):
-    from tasks.distributed import launch_finetune
     from ttt_pipeline import steps
     from ttt_pipeline.storage import StepStore
+    from ttt_pipeline.tasks.distributed import launch_finetune
 
     raw = tiny_config(tmp_path, tiny_bert_dir)
     raw["data"]["max_train_samples"] = 64

@@ -50,7 +50,7 @@ def harness():
 
 
 def _run(cfg, **kw):
-    from flows.reevaluate import nightly_reevaluation
+    from ttt_pipeline.flows.reevaluate import nightly_reevaluation
 
     state = nightly_reevaluation(config=cfg, return_state=True, **kw)
     return state, _artifacts()
@@ -176,8 +176,8 @@ def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(set
 
 
 def test_missing_champion_is_a_clear_error(setup, tmp_path):
-    from flows.reevaluate import load_champion
     from ttt_pipeline.errors import PipelineError
+    from ttt_pipeline.flows.reevaluate import load_champion
 
     _, _, client, _ = setup
     with pytest.raises(PipelineError, match="no version at alias 'champion'"):
@@ -247,7 +247,7 @@ def test_new_reviews_are_scored_with_the_defense_against_the_test_accuracy_with_
     interval and the drift figures, through `ttt-pipeline reevaluate --json` (the same flow)."""
     import yaml
 
-    from cli.main import main
+    from ttt_pipeline.cli.main import main
 
     _, cfg, _, _ = setup
     _new_reviews(tmp_path / "drop")
@@ -273,7 +273,7 @@ def test_new_reviews_are_scored_with_the_defense_against_the_test_accuracy_with_
 def test_reevaluate_without_a_champion_exits_non_zero_with_a_clear_message(setup, harness, tmp_path, capsys):
     import yaml
 
-    from cli.main import main
+    from ttt_pipeline.cli.main import main
 
     _, cfg, _, _ = setup
     c = cfg.model_dump(mode="json")

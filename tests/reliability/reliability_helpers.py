@@ -25,7 +25,7 @@ if _out:
         mods = set(sys.modules)
         with open(_out, "w") as f:
             json.dump({"prefect": any(m == "prefect" or m.startswith("prefect.") for m in mods),
-                       "flow": "flows.pipeline" in mods, "torch_trained": "ttt_pipeline.modeling.train" in mods}, f)
+                       "flow": "ttt_pipeline.flows.pipeline" in mods, "torch_trained": "ttt_pipeline.modeling.train" in mods}, f)
     atexit.register(_dump)
 _fault = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault.py")
 if os.path.exists(_fault):  # a test's injected failure (tests/reliability/test_out_of_memory_cli.py)
@@ -75,7 +75,7 @@ def write_config(tmp: Path, cfg: dict) -> Path:
 
 
 def cli_args(config: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", "run", "--config", str(config), *extra]
+    return [sys.executable, "-m", "ttt_pipeline.cli.main", "run", "--config", str(config), *extra]
 
 
 def run_cli(tmp: Path, cfg: dict, *extra: str, timeout: float = 600, debug: str = "") -> CliRun:

@@ -156,7 +156,7 @@ def test_unreachable_tracking_server_fails_fast_and_names_the_uri(tmp_path, tiny
 
 def test_a_bug_is_two_plain_lines_with_exit_1_and_debug_shows_it(monkeypatch, capsys):
     """Not a user error: the same two-line shape (exit 1, 'looks like a bug'); --debug re-raises."""
-    from cli import main as cli
+    from ttt_pipeline.cli import main as cli
 
     def broken(args):
         raise KeyError("internal state")

@@ -47,7 +47,7 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
         assert not leftovers, (step, leftovers)
 
 
-START = ("from cli.main import start_prefect_server; start_prefect_server()\n"
+START = ("from ttt_pipeline.cli.main import start_prefect_server; start_prefect_server()\n"
          "from prefect.server.api.server import SubprocessASGIServer; print(SubprocessASGIServer().port)")
 
 

@@ -168,7 +168,7 @@ def test_download_is_verified_by_size_and_digest(drive, tmp_path):
 
 
 def test_config_paths_are_resolved_to_absolute(tmp_path, monkeypatch):
-    from cli.main import _absolute
+    from ttt_pipeline.cli.main import _absolute
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["data.path=rel/r.jsonl", "data.test_path=../t.csv", "data.shift={b: x/y.jsonl}",

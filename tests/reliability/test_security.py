@@ -13,7 +13,7 @@ from ttt_pipeline.config import PipelineConfig, load_config
 from ttt_pipeline.io.tracking import Tracker, redact
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ["ttt_pipeline", "flows", "tasks", "cli"]
+PACKAGES = ["ttt_pipeline"]
 SKIP_DIRS = {".venv", ".git", ".cache", ".hypothesis", ".pytest_cache", "mlruns", "__pycache__", "node_modules",
              "test-output", ".artifacts", ".prefect", ".run", ".whl", "build", "dist", ".ruff_cache",
              ".import_linter_cache"}

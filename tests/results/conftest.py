@@ -22,8 +22,8 @@ def two_runs(tmp_path_factory, tiny_bert_dir):
     import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import ttt_pipeline
     from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("results")
     cfg_a = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, epochs=1, lr=1e-4, run_name="run-a"))

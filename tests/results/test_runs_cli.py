@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
+from ttt_pipeline.cli.main import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,7 +110,7 @@ def test_default_tracking_uri_is_the_demo_presets(monkeypatch):
 
 
 def test_commands_are_listed_in_help():
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli.main", "--help"], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120)
     assert proc.returncode == 0 and "report" in proc.stdout and "compare" in proc.stdout
 

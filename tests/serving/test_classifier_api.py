@@ -241,7 +241,7 @@ def test_load_by_alias_version_and_run_ids(registered, clf):
 def test_reevaluation_finds_the_classifier_in_the_registered_model(registered, tmp_path):
     import mlflow.artifacts
 
-    from flows.reevaluate import _model_root
+    from ttt_pipeline.flows.reevaluate import _model_root
 
     mv = registered["tracker"].client.get_model_version("serving-classifier", "1")
     local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path),

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from serving_helpers import LABELS, TEXTS, same_predictions
 
-from cli.main import main
+from ttt_pipeline.cli.main import main
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from serving_helpers import TEXTS
 
-from cli.main import main
+from ttt_pipeline.cli.main import main
 from ttt_pipeline.errors import DataError
 from ttt_pipeline.io import predict as P
 

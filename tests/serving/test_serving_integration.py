@@ -31,8 +31,8 @@ def pipeline(tmp_path_factory, tiny_bert_dir):
     import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import ttt_pipeline
     from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("serving")
     cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, "serving", registry={"model_name": NAME},

@@ -451,7 +451,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     Phases: MLM alignment (`_align`, a fresh run only), the training objects (`_build_loop`), a resumed state
     (`_resume`), then per epoch `_train_epoch` and `_end_epoch` (validation, best weights, checkpoint).
 
-    `parallel` (optional, tasks.distributed.DataParallel) makes the classification epochs data-parallel:
+    `parallel` (optional, ttt_pipeline.tasks.distributed.DataParallel) makes the classification epochs data-parallel:
     `parallel.shard(sampler, model)` gives this rank its share of the batches (and starts every rank from rank
     0's weights), `parallel.sync_gradients(model)` averages the gradients after each backward."""
     set_threads()

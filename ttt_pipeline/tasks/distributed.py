@@ -13,7 +13,7 @@ The MLM-head warm-up and DAPT before the epochs run unsharded on every rank; `sh
 weights so that any difference (GPU non-determinism) is gone before the first synchronised step.
 
 Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
-    torchrun --standalone --nproc-per-node N -m tasks.distributed finetune JOB.json
+    torchrun --standalone --nproc-per-node N -m ttt_pipeline.tasks.distributed finetune JOB.json
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "tasks.distributed", "finetune", str(job), *extra_args]
+               "-m", "ttt_pipeline.tasks.distributed", "finetune", str(job), *extra_args]
         env = {**os.environ, "TTT_DDP_LOCAL_WORLD": str(nproc)}
         proc = subprocess.run(cmd, env=env, timeout=timeout_s)
         if proc.returncode != 0:
@@ -213,7 +213,7 @@ def _run_step(job_path: Path, dump_weights: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.distributed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ttt_pipeline.tasks.distributed", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("finetune", help="the fine-tune step of JOB.json (config, data, tokens) on every rank")
     f.add_argument("job", type=Path)

@@ -7,14 +7,14 @@ source: `none` when it is null). Robust accuracy is the corrupted-set accuracy u
 *reference* suite (the same texts every night, so a drop is the model's or the code's, not the seed's); the
 night's fresh suite is logged beside it. With `nightly.data_path`, the champion is also scored on labelled
 reviews that arrived since training, with and without its defense, against its test accuracy (Newcombe
-interval) and with a drift summary (tasks/nightly.py).
+interval) and with a drift summary (ttt_pipeline/tasks/nightly.py).
 
 The alarm is paired: tonight's per-review predictions on the reference suite against the previous night's (or,
 on the first night, the champion's own pipeline run's: the same reviews) give the change with a 95% bootstrap
 interval. Only a change whose whole interval lies below -`threshold` is a regression; `min_detectable_drop` says
 how large a drop the suite's size lets it see.
 
-Outcomes, each a Prefect event with the figures in its payload (tasks/nightly.py) and a final state of its own:
+Outcomes, each a Prefect event with the figures in its payload (ttt_pipeline/tasks/nightly.py) and a final state of its own:
 `ttt.nightly.ok` (Completed), `ttt.nightly.regression` (state "Regression", failed type: the MLflow run ends
 FAILED with tag regression=true, the markdown artifact is flagged) and `ttt.nightly.no-champion` (state
 "NoChampion", failed type, no retries, an artifact that says what to do). A crash stays plain Failed. The same
@@ -33,16 +33,16 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
-from flows.stages import _run, evaluate_on_gpu, portable
-from tasks import corrupt_task, download_task, evaluate_task
-from tasks.nightly import emit_outcome, new_data_task
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
+from ttt_pipeline.flows.stages import _run, evaluate_on_gpu, portable
 from ttt_pipeline.io.remote_store import open_store
 from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task
+from ttt_pipeline.tasks.nightly import emit_outcome, new_data_task
 
 RUN_KIND = "nightly-reevaluation"
 REF_PREDICTIONS = "predictions_ref.parquet"

@@ -56,7 +56,7 @@ class StopOnSignal:
         self._previous: dict = {}
 
     def __enter__(self) -> "StopOnSignal":
-        from flows import stopping
+        from ttt_pipeline.flows import stopping
 
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
@@ -64,7 +64,7 @@ class StopOnSignal:
         return self
 
     def __exit__(self, *exc) -> None:
-        from flows import stopping
+        from ttt_pipeline.flows import stopping
 
         stopping.register(None)
         for s, handler in self._previous.items():

@@ -8,8 +8,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows.stopping import reclaim
-from tasks import (
+from ttt_pipeline.config import PipelineConfig, default_config
+from ttt_pipeline.evaluation.stats import format_difference
+from ttt_pipeline.flows.stopping import reclaim
+from ttt_pipeline.io.report import headline_markdown
+from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.tasks import (
     attribute_task,
     corrupt_task,
     download_task,
@@ -18,11 +22,7 @@ from tasks import (
     log_stage_task,
     tokenise_task,
 )
-from tasks.registry import register_task
-from ttt_pipeline.config import PipelineConfig, default_config
-from ttt_pipeline.evaluation.stats import format_difference
-from ttt_pipeline.io.report import headline_markdown
-from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.tasks.registry import register_task
 
 STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
               "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
@@ -33,7 +33,7 @@ STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "toke
 def _run(task_fn, *args, **kwargs):
     """(result, served_from_cache): a Prefect cache hit or a verified store hit both count. The stage's start
     and end are logged with its name, cached or computed, and its time (the terminal and the Prefect UI)."""
-    from tasks.progress import duration
+    from ttt_pipeline.tasks.progress import duration
 
     logger = get_run_logger()
     name = task_fn.name
@@ -69,8 +69,8 @@ def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
         log_stage_task(cfg, "tokenise", [tokens], parent, cached["tokenise"])
         corrupted, cached["corrupt"] = _run(corrupt_task, cfg, data)
         log_stage_task(cfg, "corrupt", [corrupted], parent, cached["corrupt"])
-        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (flows/stages.py)
-            from flows.stages import run_heavy_stages
+        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (ttt_pipeline/flows/stages.py)
+            from ttt_pipeline.flows.stages import run_heavy_stages
 
             model, evaluations, cached["fine-tune"], cached["evaluate"] = run_heavy_stages(
                 cfg, data, tokens, corrupted, parent)

@@ -19,12 +19,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tasks import evaluate_task, finetune_task, log_stage_task
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.io.remote_store import is_url, localise, open_store, peek
 from ttt_pipeline.storage import StepOutput, StepStore
+from ttt_pipeline.tasks import evaluate_task, finetune_task, log_stage_task
 
 
 def _run(task_fn, *args, **kwargs) -> tuple[dict, bool]:
@@ -86,7 +86,7 @@ def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_i
     if nproc > 1 and steps.stored("finetune", steps.finetune_inputs(cfg, StepOutput(**tokens),
                                                                     StepOutput(**data)), store) is None:
         get_run_logger().info("data-parallel fine-tuning on %d processes (torchrun)", nproc)
-        from tasks.distributed import launch_finetune
+        from ttt_pipeline.tasks.distributed import launch_finetune
 
         launch_finetune(cfg, data, tokens, nproc)  # writes the step output into the store
         launched = True

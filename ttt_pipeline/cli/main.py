@@ -98,8 +98,8 @@ def start_prefect_server() -> None:
 
 
 def cmd_run(args) -> int:
-    from cli.console import setup_run_logging, summary_table, ui_lines
-    from cli.stopping import StopOnSignal
+    from ttt_pipeline.cli.console import setup_run_logging, summary_table, ui_lines
+    from ttt_pipeline.cli.stopping import StopOnSignal
     from ttt_pipeline.config import load_config
 
     cfg = _absolute(load_config(args.config, args.set))
@@ -110,7 +110,7 @@ def cmd_run(args) -> int:
         download_built = preflight(cfg)
         _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
         start_prefect_server()
-        from flows.pipeline import ttt_pipeline
+        from ttt_pipeline.flows.pipeline import ttt_pipeline
 
         summary = ttt_pipeline(config=cfg)
     from ttt_pipeline.io.report import run_link
@@ -142,7 +142,7 @@ EXIT_REGRESSION = 3
 def cmd_reevaluate(args) -> int:
     """The nightly re-evaluation now: the same flow as the `nightly-reevaluation` deployment. Exit 0 when the
     champion holds up, 3 on a regression, 2 when there is no champion yet (with `error:` and `hint:`)."""
-    from cli.console import nightly_lines, setup_run_logging
+    from ttt_pipeline.cli.console import nightly_lines, setup_run_logging
     from ttt_pipeline.config import load_config
 
     cfg = _absolute(load_config(args.config, args.set))
@@ -156,7 +156,7 @@ def cmd_reevaluate(args) -> int:
     setup_run_logging()
     _say(f"re-evaluating the champion of {cfg.data.path} under {cfg.evaluation.defense}")
     start_prefect_server()
-    from flows.reevaluate import nightly_reevaluation
+    from ttt_pipeline.flows.reevaluate import nightly_reevaluation
 
     kwargs = {"threshold": args.threshold, "reference_seed": args.reference_seed, "night": args.night}
     state = nightly_reevaluation(config=cfg, return_state=True, **kwargs)

@@ -3,7 +3,7 @@
 Prefect's flow engine installs its own SIGTERM handler for the flow's duration: it marks the run Crashed, then
 keeps reporting to a server that a signal sent to the whole process group has often stopped already (measured:
 the process lingered for over 40 s printing websocket errors). A caller that handles stopping itself
-(`ttt-pipeline run`, cli/stopping.py) registers its handler here, and the flow puts it back as its body starts;
+(`ttt-pipeline run`, ttt_pipeline/cli/stopping.py) registers its handler here, and the flow puts it back as its body starts;
 Prefect restores the caller's handler when the flow ends. Without a registered handler nothing changes.
 """
 

@@ -1,1 +1,0 @@
-"""Prefect flows: they only wire the tasks of `tasks/`."""

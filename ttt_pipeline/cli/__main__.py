@@ -1,0 +1,3 @@
+from ttt_pipeline.cli.main import main
+
+raise SystemExit(main())

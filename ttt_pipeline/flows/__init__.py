@@ -1,0 +1,1 @@
+"""Prefect flows: they only wire the tasks of `ttt_pipeline/tasks/`."""
