@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from cli.console import ConsoleFormatter, QuietPrefect, summary_table, ui_commands
-from tasks.progress import Reporter, duration, progress_line
+from ttt_pipeline.cli.console import ConsoleFormatter, QuietPrefect, summary_table, ui_commands
 from ttt_pipeline.config import load_config
+from ttt_pipeline.tasks.progress import Reporter, duration, progress_line
 
 
 def _diff(delta, lo, hi, n=129, **extra):
@@ -38,6 +38,19 @@ def test_summary_table_rows_and_numbers():
     assert lines[4].endswith("+0.50 [-2.00, +3.00] not significant")
     assert lines[5] == "(129 test reviews; corrupted = keyboard at severity 4; masked methods pooled over 1 mask seed)"
     assert len(lines) == 6
+
+
+def test_the_summary_names_the_signal_ttt_adapts_on():
+    """Issue 35: the head's perplexity and masked TTT's held-out MLM-loss change under the accuracy table."""
+    signal = {"mlm_perplexity_clean": 312.4, "mlm_top1_clean": 0.081, "mlm_perplexity_corrupted": 655.0,
+              "mlm_top1_corrupted": 0.05, "ttt_heldout_before": 5.74, "ttt_heldout_after": 5.7, "ttt_heldout_change": -0.04,
+              "ttt_changed_share": 0.021}
+    lines = summary_table({**SUMMARY, **signal}).splitlines()
+    assert lines[-2] == ("MLM head: perplexity 312.4 on clean text (top-1 0.08), 655.0 on corrupted (top-1 0.05); "
+                         "a pretrained BERT head reads reviews near 5-7")
+    assert lines[-1] == ("masked TTT: held-out MLM loss 5.740 -> 5.700 nats (-0.040) on masks it did not step on; "
+                         "it changed 2.1% of the corrupted-set predictions")
+    assert not any(ln.startswith(("MLM head", "masked TTT:")) for ln in summary_table(SUMMARY).splitlines())
 
 
 def test_ui_commands_name_both_uis(monkeypatch):
@@ -80,8 +93,8 @@ def test_progress_line_has_rate_and_time_left():
 
 def test_reporter_prints_plain_lines_when_not_a_terminal(monkeypatch, capsys):
     clock = iter([0.0, 1.0, 30.0, 31.0, 40.0])
-    monkeypatch.setattr("tasks.progress.time.monotonic", lambda: next(clock))
-    monkeypatch.setattr("tasks.progress._artifact", lambda key: None)  # no Prefect server for a unit test
+    monkeypatch.setattr("ttt_pipeline.tasks.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("ttt_pipeline.tasks.progress._artifact", lambda key: None)  # no Prefect server for a unit test
     rep = Reporter("test-progress", mode="lines")
     for done in (1, 2, 60, 61, 100):
         rep("finetune", done, 100, {"loss": 0.5})
@@ -96,8 +109,8 @@ def test_a_fast_stage_still_shows_its_rate_at_each_quarter(monkeypatch, capsys):
     """A stage shorter than the 20 s line interval (evaluation on a fast machine) prints at 25/50/75%, each
     with its rate and time left, not just its first and last update."""
     clock = iter(0.1 * i for i in range(200))
-    monkeypatch.setattr("tasks.progress.time.monotonic", lambda: next(clock))
-    monkeypatch.setattr("tasks.progress._artifact", lambda key: None)
+    monkeypatch.setattr("ttt_pipeline.tasks.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("ttt_pipeline.tasks.progress._artifact", lambda key: None)
     rep = Reporter("test-progress", mode="lines")
     for done in range(8, 101, 8):
         rep("evaluate", min(done, 100), 100, {})

@@ -34,7 +34,7 @@ from ttt_pipeline.errors import ConfigError, PipelineError
 log = logging.getLogger(__name__)
 
 # TTTConfig fields that are not per-request inference settings
-_NOT_INFERENCE = {"methods", "mask_seeds", "score_clean"}
+_NOT_INFERENCE = {"methods", "mask_seeds", "score_clean", "signal_every"}
 _TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
 # The pyfunc loader a logged model names (ttt_pipeline.io.mlflow_model); models logged before the package
 # layout named ttt_pipeline.mlflow_model, which stays importable for them.
@@ -139,7 +139,8 @@ class Classifier:
         name = method or merged.pop("method", None) or "none"
         merged.pop("method", None)
         try:
-            ttt = TTTConfig.model_validate({**merged, "methods": [name]})
+            # no held-out probes when serving: they are the evaluation's measurement, not the prediction's
+            ttt = TTTConfig.model_validate({**merged, "methods": [name], "signal_every": 0})
         except ValidationError as exc:
             raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
                               "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None

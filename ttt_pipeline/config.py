@@ -275,6 +275,10 @@ class TTTConfig(Section):
         "the source prediction; 0.005 is about the 90th percentile of the tutorial step's KL on corrupted MDSD "
         "reviews).")
     score_clean: bool = Field(True, description="Also score TTT on clean text (its cost on clean accuracy).")
+    signal_every: int = Field(
+        4, ge=0, description="Masked TTT's held-out signal: on every n-th batch, the MLM loss on masks it does not "
+        "step on, before and after adapting (the summary's ttt_heldout_*; two extra no-grad forwards per measured "
+        "batch, predictions unchanged; episodic only). 0: off; 1: every batch.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA and on CPUs with native bf16 (logits within ~1e-2 of "
         "fp32), fp32 on other CPUs; fp32/bf16 force one.")
@@ -316,6 +320,9 @@ class EvaluationConfig(Section):
     resamples: int = Field(2000, ge=2000, description="Bootstrap resamples of every paired interval (>= 2,000).")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence level of the intervals.")
     seed: int = Field(0, description="Seed of the bootstrap resamples.")
+    signal_reviews: int = Field(
+        512, ge=0, description="Reviews per scored set on which the MLM head's masked-token loss, perplexity and "
+        "top-1 accuracy are measured (15% of the tokens masked, fixed masks; the summary's mlm_*). 0: off.")
     reference: str | None = Field(
         None, description="Reference for the corruption errors (CE, mCE): an MLflow run id of an earlier pipeline "
         "run, or models:/<name>@<alias> / models:/<name>/<version> (its source run); null: this run's own `none` "
@@ -376,7 +383,7 @@ class RegistryConfig(Section):
 
 
 class NightlyConfig(Section):
-    """Nightly re-evaluation of the champion (flows/reevaluate.py, `ttt-pipeline reevaluate`)."""
+    """Nightly re-evaluation of the champion (ttt_pipeline/flows/reevaluate.py, `ttt-pipeline reevaluate`)."""
 
     data_path: str | None = Field(
         None, description="Labelled reviews that arrived since training: a file, a folder (its newest file is read) "

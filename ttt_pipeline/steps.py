@@ -2,7 +2,7 @@
 
 Each step's cache key is the hash of its code version, its config section and its inputs' digests, so an
 unchanged re-run returns the stored output without work, and any change upstream rebuilds downstream. No
-Prefect and no MLflow here: `tasks/` adds orchestration and tracking around these.
+Prefect and no MLflow here: `ttt_pipeline/tasks/` adds orchestration and tracking around these.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ttt_pipeline.version import __version__
 
 Progress = Callable[[str, int, int, dict], None]
 log = logging.getLogger(__name__)
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "2"}
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "3"}
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 DEVICE_ONLY = {"device", "num_workers", "compile"}
@@ -314,7 +314,8 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
     import numpy as np
 
     from ttt_pipeline.defenses import registry
-    from ttt_pipeline.evaluation.scoring import predict_texts, score
+    from ttt_pipeline.evaluation.scoring import score, score_texts
+    from ttt_pipeline.evaluation.signal import heldout_fields
     from ttt_pipeline.evaluation.stats import accuracy_interval
 
     n, ev = model.meta.num_labels, cfg.evaluation
@@ -328,12 +329,13 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
     total = sum(len(j[4]) for j in jobs for m, _ in runs if not skipped(j[0], m))
     rows, preds, done = [], [], 0
     for kind, name, family, sev, texts, ys in jobs:
+        quality = _mlm_quality(cfg, model, tokenizer, texts, device)
         for m, seed in runs:
             if skipped(kind, m):
                 continue
             settings = cfg.ttt if seed is None else cfg.ttt.model_copy(update={"seed": seed})
             t0 = time.perf_counter()
-            logits = predict_texts(model, tokenizer, texts, m.name, settings, cfg.model.max_length,
+            logits, engine_stats = score_texts(model, tokenizer, texts, m.name, settings, cfg.model.max_length,
                                    cfg.ttt.batch_size, device, (lambda i, t, d=done: progress("evaluate", d + i, total, {}))
                                    if progress else None, repairs[m.name])
             wall = time.perf_counter() - t0
@@ -344,11 +346,22 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
             rows.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
                          "mask_seed": seed, "acc": s["acc"], "acc_ci_low": lo, "acc_ci_high": hi,
                          "macro_f1": s["macro_f1"], "recall": s["recall"], "confusion": s["confusion"], "n": s["n"],
-                         "wall_s": wall, "samples_per_s": len(texts) / wall if wall > 0 else 0.0})
+                         "wall_s": wall, "samples_per_s": len(texts) / wall if wall > 0 else 0.0,
+                         **(quality if m.name == "none" else {}), **heldout_fields(engine_stats)})
             preds.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
                           "mask_seed": seed, "label": list(ys), "pred": pred.tolist(),
                           "probs": _softmax(logits).tolist()})
     return rows, preds
+
+
+def _mlm_quality(cfg: PipelineConfig, model, tokenizer, texts, device) -> dict:
+    """The MLM head on this set's own text (evaluation.signal_reviews of them): the signal TTT would adapt on."""
+    from ttt_pipeline.evaluation.signal import mlm_quality
+
+    n = cfg.evaluation.signal_reviews
+    found = mlm_quality(model, tokenizer, texts, cfg.model.max_length, cfg.ttt.batch_size, device,
+                        cfg.evaluation.seed, n) if n else None
+    return found or {}
 
 
 def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def runs(tmp_path_factory, tiny_bert_dir):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("e2e")
     cfg = PipelineConfig.model_validate(_config(tmp, tiny_bert_dir))
@@ -54,6 +54,11 @@ def test_first_run_scores_every_set(runs):
     for key in ("acc_clean", "acc_corrupted", "acc_ttt", "acc_clean_ttt"):
         assert 0.0 <= first[key] <= 1.0
     assert first["cached_tasks"] == 0
+    # issue 35: the signal TTT adapts on, in every run (a random tiny head: near-uniform over 30k tokens)
+    assert 1000 < first["mlm_perplexity_clean"] < 1e6 and 0.0 <= first["mlm_top1_clean"] <= 1.0
+    assert first["mlm_perplexity_corrupted"] > 1000
+    assert first["ttt_heldout_change"] == pytest.approx(first["ttt_heldout_after"] - first["ttt_heldout_before"])
+    assert 0.0 <= first["ttt_changed_share"] <= 1.0
 
 
 def test_second_run_is_served_from_cache(runs):
@@ -107,7 +112,7 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     cfg_file = tmp_path / "tiny.yaml"
     cfg_file.write_text(yaml.safe_dump(_config(tmp, tiny_bert_dir)))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "--config", str(cfg_file),
+    proc = subprocess.run([sys.executable, "-m", "ttt_pipeline.cli.main", "run", "--config", str(cfg_file),
                            "--set", "finetune.epochs=2", "--json"], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -126,6 +131,7 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     # the TTT gain with its interval and verdict, pooled over the 2 mask seeds, as the flow computed it
     assert summary["ttt_gain"] == first["ttt_gain"]
     assert "pooled over 2 mask seeds" in proc.stdout
+    assert "MLM head: perplexity " in proc.stdout and "masked TTT: held-out MLM loss " in proc.stdout
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("corrupted, masked_ttt")]
     assert line and line[0].endswith(format_difference(first["ttt_gain"]))
     # the terminal names every stage, cached or computed; Prefect's per-task lifecycle lines are gone

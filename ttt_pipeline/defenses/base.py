@@ -94,10 +94,16 @@ class TTTSettings:
     guard_loss_high: float = 1.5
     guard_loss_low: float = 0.25
     guard_entropy_low: float = 0.2
+    # Held-out signal (issue 35): on every n-th unit (0: never), the engine's self-supervised loss on masks it
+    # does not step on, before and after adapting (`probe`; two extra no-grad forwards per measured unit;
+    # predictions unchanged). Episodic mode only; the first draw of a unit.
+    signal_every: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
+        if self.signal_every < 0:
+            raise ValueError(f"signal_every must be >= 0, got {self.signal_every}")
         if self.steps < 1 or self.views < 1 or self.draws < 1 or self.tent_steps < 1:
             raise ValueError("steps, views, draws and tent_steps must be >= 1")
         if not self.anchor_kl_budget >= 0:
@@ -248,7 +254,7 @@ class EpisodicEngine:
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,
                                     settings.guard_loss_low, settings.guard_entropy_low)
                       if settings.online and settings.guard else None)
-        self.stats = {"units": 0, "steps": 0, "resets": 0, "loss_sum": 0.0, "loss_n": 0}
+        self.stats = {"units": 0, "steps": 0, "resets": 0, "loss_sum": 0.0, "loss_n": 0, "heldout": []}
         self.reset_reasons: list[str] = []
 
     def _autocast(self):
@@ -292,6 +298,23 @@ class EpisodicEngine:
 
     def chunk_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, ctx):
         raise NotImplementedError
+
+    def probe(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """Context of a held-out measurement of this unit (masks it will not step on); None: no probe."""
+        return None
+
+    def probe_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, ctx) -> float:
+        """The self-supervised loss on the probe's held-out masks under the current weights."""
+        raise NotImplementedError
+
+    def _probe_before(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        every = self.s.signal_every
+        if not every or (self.stats["units"] - 1) % every:
+            return None
+        ctx = self.probe(input_ids, attention_mask)
+        if ctx is not None:
+            ctx["before"] = self.probe_loss(input_ids, attention_mask, ctx)
+        return ctx
 
     def chunks(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Row indices of the sub-batches: rows sorted by length, grouped while rows x longest row stays
@@ -421,8 +444,11 @@ class EpisodicEngine:
     def _run_draws(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Episodic: adapt, predict, restore, once per draw; one draw returns its logits unchanged."""
         probs = 0.0
+        probe = self._probe_before(input_ids, attention_mask)
         for draw in range(self.draws):
             self.adapt(input_ids, attention_mask, first_step=draw * self.steps)
+            if draw == 0 and probe is not None:  # the adapted weights, before the prediction restores them
+                self.stats["heldout"].append((probe["before"], self.probe_loss(input_ids, attention_mask, probe)))
             logits = self.forward_nograd(input_ids, attention_mask)
             self._restart()
             if self.draws == 1:

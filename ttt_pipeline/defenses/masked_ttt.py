@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from ttt_pipeline.defenses.base import EpisodicEngine, MaskFn, RowHashMasker, TTTSettings
 from ttt_pipeline.defenses.params import select_parameters
 
+HELDOUT_DRAW = -2  # mask draws of adaptation steps are numbered from 0: this one is never stepped on
+
 
 class MaskedTTT(EpisodicEngine):
     """Masked-LM test-time training over a ReviewClassifier (see the module docstring)."""
@@ -30,6 +32,31 @@ class MaskedTTT(EpisodicEngine):
         self.draws = settings.draws
         self.mask_token_id = mask_token_id
         self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
+        self.heldout_fn = RowHashMasker(settings.mask_prob, special_ids, settings.seed)  # draw HELDOUT_DRAW
+
+    def probe(self, input_ids, attention_mask):
+        """Held-out masks: a draw of their own, minus every position the unit's first draw steps on."""
+        stepped = torch.zeros_like(input_ids, dtype=torch.bool)
+        for step in range(self.steps):
+            for v in range(self.s.views):
+                stepped |= self.mask_fn(input_ids, attention_mask, step * self.s.views + v).to(input_ids.device).bool()
+        held = self.heldout_fn(input_ids, attention_mask, HELDOUT_DRAW).to(input_ids.device).bool() & ~stepped
+        return {"mask": held} if bool(held.any()) else None
+
+    def probe_loss(self, input_ids, attention_mask, ctx) -> float:
+        """Mean MLM cross-entropy on the held-out positions, without gradients, sub-batch by sub-batch."""
+        total, n = 0.0, 0
+        with torch.inference_mode(), self._autocast():
+            for rows in self.chunks(attention_mask):
+                ids, am = self._slice(input_ids, attention_mask, rows)
+                mask = ctx["mask"][rows, :ids.shape[1]]
+                if not bool(mask.any()):
+                    continue
+                hidden = self.model.encode(ids.masked_fill(mask, self.mask_token_id), am)
+                total += float(F.cross_entropy(self.model.mlm_logits_at(hidden, mask).float(), ids[mask],
+                                               reduction="sum"))
+                n += int(mask.sum())
+        return total / max(n, 1)
 
     def prepare(self, input_ids, attention_mask, step):
         """The unit's masks for every view, drawn on the whole unit (so sub-batching cannot change them),

@@ -52,13 +52,22 @@ def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max
 
     `settings` is a TTTConfig or TTTSettings (its `seed` is the mask seed); `repairs` are the method's text
     repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
+    return score_texts(model, tokenizer, texts, method, settings, max_length, batch_size, device, progress,
+                       repairs)[0]
+
+
+def score_texts(model, tokenizer, texts: list[str], method: str, settings, max_length: int, batch_size: int,
+                device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
+                repairs: list[Callable[[list[str]], list[str]]] | None = None) -> tuple[np.ndarray, dict]:
+    """`predict_texts` plus the engine's statistics (units, steps, held-out probes; {} without an engine)."""
     from ttt_pipeline.defenses import registry
 
     m = registry.parse(method)
     for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
         texts = fix(texts)
     engine = registry.build_engine(m, model, tokenizer, settings)  # converts a TTTConfig to TTTSettings
-    return predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
+    logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
+    return logits, dict(getattr(engine, "stats", {}))
 
 
 def score(logits: np.ndarray, labels: list[int], n: int) -> dict:

@@ -120,6 +120,7 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
     """Paired statistics of the stored predictions (ttt_pipeline.evaluation.robustness): the run's contract objects, the
     per-set comparisons and the scalar headline."""
     from ttt_pipeline.evaluation import robustness
+    from ttt_pipeline.evaluation.signal import signal_headline
     from ttt_pipeline.steps import read_predictions
 
     ev = cfg.evaluation
@@ -131,7 +132,8 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
                                       augment_families=cfg.finetune.augment.families if cfg.finetune.augment else None,
                                       **kw)
     per_set = robustness.comparisons(preds, n, **kw)
-    head = headline(results["rows"], cfg.evaluation.default_defense)
+    # the accuracies, then the self-supervised signal TTT adapts on (the MLM head's perplexity, held-out change)
+    head = {**headline(results["rows"], cfg.evaluation.default_defense), **signal_headline(results["rows"], preds)}
     return {"stats": stats, "comparisons": per_set, "headline": head, "predictions": preds}
 
 
@@ -151,6 +153,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
     interval companions, the per-review predictions and the plots; returns the headline and statistics."""
     from ttt_pipeline.evaluation import robustness
     from ttt_pipeline.evaluation.scoring import seed_means
+    from ttt_pipeline.evaluation.signal import signal_metrics
 
     for out in outs:
         _common(tracker, run_id, out)
@@ -166,6 +169,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
     for r in rows:
         if r.get("mask_seed") is not None:
             metrics[f"acc/{metric_name(r)}/seed_{r['mask_seed']}"] = r["acc"]
+    metrics.update(signal_metrics(rows, metric_name))
     ev = evaluation_statistics(outs, results, cfg, reference_rows)
     head = ev["headline"]
     flat = robustness.flat_metrics(ev["stats"], ev["comparisons"])
