@@ -143,3 +143,34 @@ def test_single_pass_joint_pools_over_unmasked_tokens_only(tiny_bert_dir, tmp_pa
     assert masked.sum() > 0
     assert not (pooled & masked).any()  # no [MASK] state in the pooled mean
     assert torch.equal(pooled, real & ~masked)  # every unmasked real token is in it
+
+
+def test_frozen_encoder_mode_fits_the_heads_on_an_unchanged_body(tiny_bert_dir, tmp_path):
+    """Issue 35, the TTT-MAE protocol: the encoder (embeddings included, though BERT ties them to its MLM
+    decoder) leaves fine-tuning bit for bit as it came out of the MLM-head warm-up; the classifier and the MLM
+    head's own parameters learn; every parameter takes gradients again afterwards (TTT adapts the body)."""
+    from datasets import Dataset
+
+    from ttt_pipeline.modeling.model import build_classifier
+    from ttt_pipeline.modeling.train import finetune, trainable_parameters
+
+    torch.manual_seed(0)
+    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[16], pooling="mean"),
+                                  ["neg", "pos"])
+    texts = ["great excellent love it", "terrible broken awful", "love it great value", "awful waste of money"] * 6
+    enc = tok(texts, truncation=True, max_length=16)
+    ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0, 1, 0] * 6,
+                            "length": [len(x) for x in enc["input_ids"]]})
+    cfg = FinetuneConfig(epochs=12, batch_size=8, lr=1e-2, mode="frozen_encoder", alignment="joint",
+                         early_stopping_patience=0, seed=0, precision="fp32", mlm_warmup_max_steps=0)
+    body = {n: p.detach().clone() for n, p in model.encoder.named_parameters()}
+    head = [p.detach().clone() for p in model.head.parameters()]
+    result = finetune(model, tok, ds, ds, cfg, tmp_path / "work")
+    assert all(torch.equal(p, body[n]) for n, p in model.encoder.named_parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(head, model.head.parameters()))
+    assert result.history[-1]["val_acc"] >= 0.75  # a separable task, from frozen random features
+    assert all(p.requires_grad for p in model.parameters())
+    trainable = trainable_parameters(model, "frozen_encoder")
+    assert {id(p) for p in model.head.parameters()} <= {id(p) for p in trainable}
+    assert not {id(p) for p in model.encoder.parameters()} & {id(p) for p in trainable}
+    assert len(trainable_parameters(model, "full")) == len(list(model.parameters()))

@@ -156,6 +156,11 @@ class FinetuneConfig(Section):
     length_group_batches: int = Field(
         50, ge=2, description="Batches per length-sorted mega-batch when length_grouping is on: fewer keeps "
         "batches more mixed (less padding saved).")
+    mode: Literal["full", "frozen_encoder"] = Field(
+        "full", description="full: encoder and heads learn the task; frozen_encoder: the encoder stays as "
+        "pretrained (and MLM-warmed), a classifier and the MLM head are fitted on its output, and test-time "
+        "training then adapts the encoder under a classifier fitted to it (the TTT-MAE protocol; much faster "
+        "training, usually lower clean accuracy).")
     alignment: Literal["frozen", "joint", "dapt"] = Field(
         "joint",
         description="How the MLM task stays aligned: frozen (tutorial), joint (CE + mlm_weight*MLM), "

@@ -307,11 +307,27 @@ class _Loop:
     t_train: float = 0.0
 
 
+def trainable_parameters(model, mode: str) -> list[torch.nn.Parameter]:
+    """full: every parameter. frozen_encoder (the TTT-MAE protocol): the classification head and the MLM head's
+    own parameters (not the input embeddings BERT ties to its decoder) learn on the frozen body; the others stop
+    taking gradients (`finetune` gives them back), so test-time training later moves a body the classifier was
+    fitted to without changing it."""
+    if mode == "full":
+        return list(model.parameters())
+    body = {id(p) for p in model.encoder.parameters()}
+    keep = {id(p) for p in model.head.parameters()}
+    keep |= {id(p) for p in model.mlm_head.parameters_of_head() if id(p) not in body}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+    return [p for p in model.parameters() if id(p) in keep]
+
+
 def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop:
-    """AdamW (no decay on biases and norms), the class-weighted length-grouped sampler, the linear warm-up and
-    decay schedule, the mask generator and the gradient scaler."""
-    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
+    """AdamW (no decay on biases and norms) over the mode's trainable parameters, the class-weighted
+    length-grouped sampler, the linear warm-up and decay schedule, the mask generator and the gradient scaler."""
+    params = trainable_parameters(model, cfg.mode)
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
                             **({"fused": True} if device.type == "cuda" else {}))
@@ -386,6 +402,8 @@ def _train_epoch(loop: _Loop, epoch: int, train_ds, workers: int, progress, para
     """One pass over the sampler's batches; the epoch's history row (losses, lr, speed)."""
     model, cfg, device = loop.model, loop.cfg, loop.device
     model.train()
+    if cfg.mode == "frozen_encoder":
+        model.mlm_model.eval()  # a fixed feature extractor: no dropout in the frozen body
     loop.sampler.set_epoch(epoch)
     special = special_token_ids(loop.tokenizer)
     loss_w = loop.weights.to(device) if cfg.class_weighted_loss else None
@@ -479,5 +497,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
         model.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True)["model"])
     result.best_val_macro_f1 = loop.best_f1
     result.train_samples_per_s = loop.seen / loop.t_train if loop.t_train > 0 else 0.0
+    for p in model.parameters():  # frozen_encoder froze the body for training only
+        p.requires_grad_(True)
     model.eval()
     return result
