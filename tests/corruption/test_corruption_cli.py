@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.corruption import FAMILIES, cli, corrupt_texts
+from ttt_pipeline.cli import corrupt as cli
+from ttt_pipeline.corruption import FAMILIES, corrupt_texts
 from ttt_pipeline.corruption.samples import synthetic_reviews
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ LINES = synthetic_reviews(5, seed=1) + ["", "naïve café 😀 日本語", "  le
 
 def _cli(*argv, stdin=None):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "ttt_pipeline.corruption.cli", *argv], input=stdin,
+    return subprocess.run([sys.executable, "-m", "ttt_pipeline.cli.corrupt", *argv], input=stdin,
                           capture_output=True, text=True, encoding="utf-8", env=env, cwd=REPO, timeout=120)
 
 

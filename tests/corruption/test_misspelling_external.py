@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ttt_pipeline.cli import corrupt as corruption_cli
 from ttt_pipeline.corruption import FAMILIES, SEVERITY_RATES, corrupt_texts, external, list_families
-from ttt_pipeline.corruption import cli as corruption_cli
 from ttt_pipeline.corruption.misspellings import misspelling_table
 from ttt_pipeline.corruption.samples import synthetic_reviews
 

@@ -1,6 +1,6 @@
 """`make lint` holds the layering: it passes on the tree and fails on a deliberate violation of each kind
 (an MLflow import in the pure core, an import of the orchestration from io, a defense importing another,
-a ruff error, a function longer than a screen)."""
+argparse outside the command line, a ruff error, a function longer than a screen)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_the_tree_keeps_every_contract(tmp_path):
     ("ttt_pipeline/defenses/tent.py", "from ttt_pipeline.defenses import spell  # noqa", "Defenses are independent"),
     ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
     ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
+    ("ttt_pipeline/io/report.py", "import argparse  # noqa", "Only the command line (cli) parses arguments"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     _tools()

@@ -98,15 +98,15 @@ def test_unreachable_server_fails_fast(capsys):
 
 
 def test_default_tracking_uri_is_the_demo_presets(monkeypatch):
-    from ttt_pipeline.io import runs
+    from ttt_pipeline.io.client import default_tracking_uri
 
     monkeypatch.delenv("TTT_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert runs.default_tracking_uri() == "sqlite:///mlflow.db"
+    assert default_tracking_uri() == "sqlite:///mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-env:5000")  # as `source .run/env` sets it
-    assert runs.default_tracking_uri() == "http://mlflow-env:5000"
+    assert default_tracking_uri() == "http://mlflow-env:5000"
     monkeypatch.setenv("TTT_TRACKING_URI", "http://tracking:5000")
-    assert runs.default_tracking_uri() == "http://tracking:5000"
+    assert default_tracking_uri() == "http://tracking:5000"
 
 
 def test_commands_are_listed_in_help():

@@ -186,9 +186,9 @@ def cmd_config(args) -> int:
 
 
 def cmd_corrupt(args) -> int:
-    from ttt_pipeline.corruption import cli as corruption_cli
+    from ttt_pipeline.cli import corrupt
 
-    return corruption_cli.run(args)
+    return corrupt.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,11 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_config)
 
     k = sub.add_parser("corrupt", help="list corruption families or corrupt a file of texts (one per line)")
-    from ttt_pipeline.corruption import cli as corruption_cli
+    from ttt_pipeline.cli import corrupt
 
-    corruption_cli.add_arguments(k)
+    corrupt.add_arguments(k)
     k.set_defaults(fn=cmd_corrupt)
-    from ttt_pipeline.io import predict
+    from ttt_pipeline.cli import predict
 
     predict.add_command(sub)
     _add_run_inspection(sub)
@@ -239,11 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_inspection(sub) -> None:
     try:
-        from ttt_pipeline.io import runs
+        from ttt_pipeline.cli import runs
     except ImportError:
         return
     runs.add_commands(sub)
-    from ttt_pipeline.io import explain
+    from ttt_pipeline.cli import explain
 
     explain.add_command(sub)  # `explain RUN_ID --example N`: the attribute stage's training reviews
 

@@ -164,10 +164,10 @@ def _missing(exc: Exception) -> bool:
 def client_for(tracking_uri: str | None):
     """(MlflowClient, uri) for `tracking_uri`, else $TTT_TRACKING_URI / $MLFLOW_TRACKING_URI, else the demo
     preset's sqlite:///mlflow.db; a sqlite file that does not exist or a server that does not answer is a
-    PipelineError (`runs.open_client`), never a new empty store. The registry is the tracking store."""
+    PipelineError (`client.open_client`), never a new empty store. The registry is the tracking store."""
     from mlflow.tracking import MlflowClient
 
-    from ttt_pipeline.io.runs import default_tracking_uri, open_client
+    from ttt_pipeline.io.client import default_tracking_uri, open_client
 
     _, uri = open_client(tracking_uri or default_tracking_uri())
     return MlflowClient(tracking_uri=uri, registry_uri=uri), uri

@@ -1,8 +1,4 @@
-"""`ttt-pipeline predict`: classify a file of reviews with a trained model, under any defense.
-
-    ttt-pipeline predict --model models:/ttt-review-classifier@champion --input reviews.csv --output out.jsonl
-    ttt-pipeline predict --model <run id | folder> --input reviews.txt --output out.csv --method masked_ttt \\
-        --set ttt.steps=3
+"""Classifying a file of reviews with a trained model, under any defense (the `ttt-pipeline predict` command).
 
 Input: CSV, TSV, JSON Lines, JSON (a list of objects), Parquet, or a text file (one review per line); the
 review is in `--text-column` (default `text`). Every row is read and checked before the model is loaded: rows
@@ -21,7 +17,6 @@ exceptions read the whole input at once: a JSON file (one array: JSON Lines stre
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import csv
 import json
@@ -32,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ttt_pipeline.errors import ConfigError, DataError
 
@@ -412,7 +407,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
         write(rows)
 
 
-# ---------------------------------------------------------------------- the command
+# ---------------------------------------------------------------------- classifying
 
 
 def ttt_overrides(items: list[str]) -> dict[str, Any]:
@@ -472,19 +467,20 @@ class _Progress:
             self.bar.close()
 
 
-def cmd_predict(args) -> int:
-    for k, v in {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
-                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}.items():
-        os.environ.setdefault(k, v)
-    inp, outp = Path(args.input).expanduser(), Path(args.output).expanduser()
+def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column: str = "text",
+                  method: str | None = None, settings: Sequence[str] = (), skip_bad_rows: bool = False,
+                  tracking_uri: str | None = None, device: str = "auto", quiet: bool = False) -> dict[str, Any]:
+    """Classify every review of `inp` into `outp` (complete, or not at all); every row and setting is checked
+    before the model loads. Returns the summary (counts, timings, the settings applied)."""
+    inp, outp = Path(inp).expanduser(), Path(outp).expanduser()
     if outp.suffix.lower() not in OUTPUTS:
         raise ConfigError(f"--output {outp}: unsupported type '{outp.suffix}'", f"use one of {', '.join(OUTPUTS)}")
     if outp.resolve() == inp.resolve():
         raise ConfigError("--output is the input file", "write the predictions to another file")
-    overrides = ttt_overrides(args.set)
-    _check_settings(args.method, overrides)
-    scan = scan_rows(inp, args.text_column)  # every row is checked before the model loads
-    check_rows(inp, scan, args.skip_bad_rows)
+    overrides = ttt_overrides(list(settings))
+    _check_settings(method, overrides)
+    scan = scan_rows(inp, text_column)  # every row is checked before the model loads
+    check_rows(inp, scan, skip_bad_rows)
     for where, why in scan.bad[:LISTED]:
         print(f"skipped {inp.name} {where}: {why}", file=sys.stderr)
     if len(scan.bad) > LISTED:
@@ -496,25 +492,22 @@ def cmd_predict(args) -> int:
     set_threads()
     _quiet_transformers()
     t0 = time.perf_counter()
-    clf = load_classifier(args.model, device=args.device, tracking_uri=args.tracking_uri)
-    method, ttt = clf.settings(args.method, **overrides)  # validated before the long part
+    clf = load_classifier(model, device=device, tracking_uri=tracking_uri)
+    method, ttt = clf.settings(method, **overrides)  # validated before the long part
     clf.prepare(method, **overrides)  # spell's dictionary: loading, not classifying
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    counts = _predict_file(clf, inp, outp, scan, args, method, ttt, overrides)
+    counts = _predict_file(clf, inp, outp, scan, text_column, quiet, method, ttt, overrides)
     predict_s = time.perf_counter() - t1
     n = sum(counts.values())
     rate = n / predict_s if predict_s > 0 else float("inf")
     print(f"{n} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
           f"loaded in {load_s:.1f} s){f', {len(scan.bad)} bad rows skipped' if scan.bad else ''} -> {outp}",
           file=sys.stderr)
-    if args.json:
-        sys.stdout.flush()
-        print(json.dumps({"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
-                          "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
-                          "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
-                          "settings": {k: getattr(ttt, k) for k in overrides}}))
-    return 0
+    return {"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
+            "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
+            "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
+            "settings": {k: getattr(ttt, k) for k in overrides}}
 
 
 def chunk_size(ttt) -> int | None:
@@ -526,14 +519,15 @@ def chunk_size(ttt) -> int | None:
     return max(CHUNK_ROWS // batch, 1) * batch
 
 
-def _predict_file(clf, inp: Path, outp: Path, scan: Rows, args, method: str, ttt, overrides) -> dict[str, int]:
+def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, quiet: bool, method: str, ttt,
+                  overrides) -> dict[str, int]:
     """Classify the input chunk by chunk into the output (complete, or not at all); returns the label counts."""
-    bar = _Progress(scan.good, not args.quiet)
+    bar = _Progress(scan.good, not quiet)
     counts: dict[str, int] = {}
     done = 0
     try:
         with open_output(outp, scan.columns) as write:
-            for chunk in iter_rows(inp, args.text_column, chunk_size(ttt)):
+            for chunk in iter_rows(inp, text_column, chunk_size(ttt)):
                 if not chunk.texts:
                     continue
                 preds = clf.predict(chunk.texts, method, lambda k, _n, at=done: bar(at + k, scan.good), **overrides)
@@ -553,31 +547,3 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except Exception:  # only cosmetics
         pass
-
-
-def add_command(subparsers) -> None:
-    p = subparsers.add_parser("predict", help="classify a file of reviews with a trained model (any defense)",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, metavar="SOURCE",
-                   help="model folder, MLflow run id, models:/<name>@<alias> or models:/<name>/<version>")
-    p.add_argument("--input", required=True, metavar="FILE",
-                   help=f"reviews ({', '.join(INPUTS)}), read in chunks of ~{CHUNK_ROWS} rows; a .json array is "
-                   "read whole (use .jsonl for large inputs)")
-    p.add_argument("--output", required=True, metavar="FILE",
-                   help=f"input rows plus label, probability, probabilities ({', '.join(OUTPUTS)})")
-    p.add_argument("--text-column", default="text", help="column or field holding the review (default: text)")
-    p.add_argument("--method", default=None,
-                   help="defense: none, spell, masked_ttt, tent, mask_ensemble, spell+masked_ttt, ... "
-                   "(default: the model's configured method)")
-    p.add_argument("--set", action="append", default=[], metavar="ttt.KEY=VALUE",
-                   help="override an inference setting, e.g. ttt.steps=3 (as in `run`)")
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="classify the good rows and list the bad ones (default: bad rows stop the command)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI for run ids and models:/ (default: $TTT_TRACKING_URI, else "
-                   "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on the last stdout line")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.set_defaults(fn=cmd_predict)

@@ -1,21 +1,16 @@
-"""`ttt-pipeline report RUN_ID` and `ttt-pipeline compare RUN_A RUN_B`: a run's headline from MLflow.
+"""A pipeline run's headline from MLflow, and two runs side by side (`ttt-pipeline report` and `compare`).
 
 Both read the pipeline (parent) run through `MlflowClient`; a stage's child run id is accepted and resolved to
 its pipeline run. The tracking URI defaults to the demo preset's (`sqlite:///mlflow.db` in the current
-folder), or $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, or --tracking-uri.
+folder), or $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, or the one given.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.io.client import default_tracking_uri, open_client
 from ttt_pipeline.io.report import ROWS, difference_line, differences, fmt
 
 SHOWN_PARAMS = ("evaluation.default_defense", "data.path", "data.label_names", "model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
@@ -23,39 +18,6 @@ SHOWN_PARAMS = ("evaluation.default_defense", "data.path", "data.label_names", "
 REGISTRY_TAGS = ("registry.model_name", "registry.metric", "registry.version", "registry.decision", "registry.reason",
                  "registry.champion_before", "registry.champion_after")
 TASK_TAGS = ("task", "task.labels", "task.data_digest")
-
-
-def default_tracking_uri() -> str:
-    from ttt_pipeline.io.tracking import env_tracking_uri
-
-    env = env_tracking_uri()
-    if env:
-        return env
-    from ttt_pipeline.config import load_config
-
-    return load_config("demo").tracking.tracking_uri
-
-
-def open_client(uri: str):
-    """An MlflowClient on a backend that exists and answers; PipelineError with the fix otherwise."""
-    from mlflow.tracking import MlflowClient
-
-    from ttt_pipeline.io.tracking import resolve_uri
-
-    uri = resolve_uri(uri)
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        if not path.is_file():
-            raise PipelineError(f"no MLflow database at {path}",
-                                "run `ttt-pipeline run` in this folder first, or pass --tracking-uri")
-    elif uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5) as r:
-                r.read()
-        except (urllib.error.URLError, OSError) as exc:
-            raise PipelineError(f"MLflow tracking at {uri} is unreachable ({getattr(exc, 'reason', exc)})",
-                                "start the server (make serve) or pass --tracking-uri sqlite:///mlflow.db") from None
-    return MlflowClient(tracking_uri=uri), uri
 
 
 def get_pipeline_run(client, run_id: str, uri: str):
@@ -198,11 +160,10 @@ def format_compare(c: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_report(args) -> int:
-    client, uri = open_client(args.tracking_uri or default_tracking_uri())
-    s = run_summary(get_pipeline_run(client, args.run_id, uri), client)
-    print(json.dumps(s, default=str) if args.json else format_report(s))
-    return 0
+def report(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """The summary of a pipeline run (or of the run of one of its stages)."""
+    client, uri = open_client(tracking_uri or default_tracking_uri())
+    return run_summary(get_pipeline_run(client, run_id, uri), client)
 
 
 def run_predictions(client, pipeline_run):
@@ -245,35 +206,16 @@ def paired_runs(pa, pb, resamples: int = 2000, seed: int = 0) -> list[dict]:
     return out
 
 
-def cmd_compare(args) -> int:
-    client, uri = open_client(args.tracking_uri or default_tracking_uri())
-    run_a, run_b = get_pipeline_run(client, args.run_a, uri), get_pipeline_run(client, args.run_b, uri)
-    a, b = run_summary(run_a, client), run_summary(run_b, client)
+def compare(run_a: str, run_b: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Two pipeline runs side by side, with paired differences where both scored the same reviews."""
+    client, uri = open_client(tracking_uri or default_tracking_uri())
+    pipeline_a, pipeline_b = get_pipeline_run(client, run_a, uri), get_pipeline_run(client, run_b, uri)
+    a, b = run_summary(pipeline_a, client), run_summary(pipeline_b, client)
     c = compare_summaries(a, b)
     c["paired"] = None
     if not same_reviews(a, b):  # paired differences only where both runs scored the same reviews
         c["unpaired_reason"] = "the runs scored different reviews (data content digests differ)"
     else:
-        pa, pb = run_predictions(client, run_a), run_predictions(client, run_b)
+        pa, pb = run_predictions(client, pipeline_a), run_predictions(client, pipeline_b)
         c["paired"] = paired_runs(pa, pb) if pa is not None and pb is not None else None
-    print(json.dumps(c, default=str) if args.json else format_compare(c))
-    sys.stdout.flush()
-    return 0
-
-
-def add_commands(subparsers) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, else "
-                        "the demo preset's sqlite:///mlflow.db)")
-    common.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    common.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-
-    r = subparsers.add_parser("report", parents=[common], help="print the headline table of a pipeline run")
-    r.add_argument("run_id", metavar="RUN_ID", help="MLflow run id of the pipeline run (or of one of its stages)")
-    r.set_defaults(fn=cmd_report)
-
-    c = subparsers.add_parser("compare", parents=[common], help="two pipeline runs side by side, with differences")
-    c.add_argument("run_a", metavar="RUN_A")
-    c.add_argument("run_b", metavar="RUN_B")
-    c.set_defaults(fn=cmd_compare)
+    return c

@@ -13,12 +13,12 @@ The MLM-head warm-up and DAPT before the epochs run unsharded on every rank; `sh
 weights so that any difference (GPU non-determinism) is gone before the first synchronised step.
 
 Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
-    torchrun --standalone --nproc-per-node N -m ttt_pipeline.tasks.distributed finetune JOB.json
+    torchrun --standalone --nproc-per-node N -m ttt_pipeline.cli.distributed finetune JOB.json
+(`ttt_pipeline.cli.distributed` reads the command line and calls `run_finetune_job` on every rank).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -143,7 +143,7 @@ def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "ttt_pipeline.tasks.distributed", "finetune", str(job), *extra_args]
+               "-m", "ttt_pipeline.cli.distributed", "finetune", str(job), *extra_args]
         env = {**os.environ, "TTT_DDP_LOCAL_WORLD": str(nproc)}
         proc = subprocess.run(cmd, env=env, timeout=timeout_s)
         if proc.returncode != 0:
@@ -159,7 +159,9 @@ def _threads_per_rank() -> int:
     return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("TTT_DDP_LOCAL_WORLD", "1"))))
 
 
-def _run_step(job_path: Path, dump_weights: Path | None) -> None:
+def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
+    """This rank's part of the fine-tune step of JOB.json (config, data, tokens): rank 0 writes the step output;
+    `dump_weights` (diagnostics) makes each rank save its final weights and batch count to DIR/rank<R>.pt."""
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig
     from ttt_pipeline.io.remote_store import open_store
@@ -210,20 +212,3 @@ def _run_step(job_path: Path, dump_weights: Path | None) -> None:
         dist.destroy_process_group()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ttt_pipeline.tasks.distributed", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("finetune", help="the fine-tune step of JOB.json (config, data, tokens) on every rank")
-    f.add_argument("job", type=Path)
-    f.add_argument("--dump-weights", type=Path, default=None,
-                   help="diagnostics: each rank saves its final weights and batch count to DIR/rank<R>.pt")
-    args = p.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _run_step(args.job, args.dump_weights)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

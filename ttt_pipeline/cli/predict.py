@@ -1,0 +1,58 @@
+"""`ttt-pipeline predict`: classify a file of reviews with a trained model, under any defense.
+
+    ttt-pipeline predict --model models:/ttt-review-classifier@champion --input reviews.csv --output out.jsonl
+    ttt-pipeline predict --model <run id | folder> --input reviews.txt --output out.csv --method masked_ttt \\
+        --set ttt.steps=3
+
+The formats, the checks and the streaming are those of `ttt_pipeline.io.predict`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ttt_pipeline.io import predict
+
+
+def cmd_predict(args) -> int:
+    for k, v in {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}.items():
+        os.environ.setdefault(k, v)
+    summary = predict.classify_file(args.model, args.input, args.output, text_column=args.text_column,
+                                    method=args.method, settings=args.set, skip_bad_rows=args.skip_bad_rows,
+                                    tracking_uri=args.tracking_uri, device=args.device, quiet=args.quiet)
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(summary))
+    return 0
+
+
+def add_command(subparsers) -> None:
+    p = subparsers.add_parser("predict", help="classify a file of reviews with a trained model (any defense)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, metavar="SOURCE",
+                   help="model folder, MLflow run id, models:/<name>@<alias> or models:/<name>/<version>")
+    p.add_argument("--input", required=True, metavar="FILE",
+                   help=f"reviews ({', '.join(predict.INPUTS)}), read in chunks of ~{predict.CHUNK_ROWS} rows; a "
+                   ".json array is read whole (use .jsonl for large inputs)")
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help=f"input rows plus label, probability, probabilities ({', '.join(predict.OUTPUTS)})")
+    p.add_argument("--text-column", default="text", help="column or field holding the review (default: text)")
+    p.add_argument("--method", default=None,
+                   help="defense: none, spell, masked_ttt, tent, mask_ensemble, spell+masked_ttt, ... "
+                   "(default: the model's configured method)")
+    p.add_argument("--set", action="append", default=[], metavar="ttt.KEY=VALUE",
+                   help="override an inference setting, e.g. ttt.steps=3 (as in `run`)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="classify the good rows and list the bad ones (default: bad rows stop the command)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI for run ids and models:/ (default: $TTT_TRACKING_URI, else "
+                   "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on the last stdout line")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(fn=cmd_predict)
