@@ -156,7 +156,9 @@ def external_sets(sets: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ training
-def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool):
+def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool, overrides: dict | None = None):
+    """The recipe of the docstring (robust training with `augment`); `overrides`: FinetuneConfig fields on top
+    (bench/ttt_signal.py: head quality and fine-tuning mode)."""
     from ttt_pipeline.config import FinetuneConfig, ModelConfig
     from ttt_pipeline.modeling.augment import augment_texts
     from ttt_pipeline.modeling.model import build_classifier
@@ -174,9 +176,9 @@ def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bo
         aug = augment_texts(texts, labels, args.augment_families, [3], args.augment_share, args.augment_seed)
         texts, labels, summary = aug.texts, aug.labels, aug.summary()
     ds = lengths_dataset(tok, texts, args.max_length, label=labels)
-    cfg = FinetuneConfig(mlm_warmup_max_steps=args.warmup_steps, joint_passes=1, precision="auto", mlm_weight=0.5,
-                         weighted_sampler=False, epochs=args.epochs, alignment="joint", seed=seed,
-                         early_stopping_patience=0)
+    cfg = FinetuneConfig(**{"mlm_warmup_max_steps": args.warmup_steps, "joint_passes": 1, "precision": "auto",
+                            "mlm_weight": 0.5, "weighted_sampler": False, "epochs": args.epochs, "alignment": "joint",
+                            "seed": seed, "early_stopping_patience": 0, **(overrides or {})})
     work = REPO / ".cache" / "bench-defenses" / f"{'augment' if augment else 'plain'}-{seed}-{os.getpid()}"
     t0 = time.perf_counter()
     result = finetune(model, tok, ds, None, cfg, work)

@@ -1,0 +1,250 @@
+"""Masked TTT against its no-gradient control and none, at several MLM-head qualities and in both fine-tuning modes.
+
+The question (issue 35): can masked test-time training pay on this model, and what head quality would it take?
+TTT's own authors tie its gains to how well the self-supervised gradient aligns with the task's (Sun et al. 2020),
+so every configuration reports the signal beside the accuracy:
+
+- `perplexity` / `mlm_top1`: the MLM head on the clean test reviews (and `perplexity_corrupted` on the tutorial
+  composite), fixed 15% masks (ttt_pipeline.evaluation.signal.mlm_quality);
+- `heldout_change`: masked TTT's MLM loss on masks it did not step on, after minus before its steps (every batch);
+- `grad_cosine`: per test batch of the tutorial composite, the cosine between the MLM loss's gradient (the masks of
+  TTT's first step, mask seed 0) and the classification loss's gradient (needs labels: bench only), over the
+  parameters TTT adapts; `grad_cosine_vs_gain` is its Spearman correlation with the batch's accuracy change
+  (masked TTT minus none).
+
+Head qualities (`--heads`), each a FinetuneConfig on top of bench/defenses.py's recipe: `weak` (MLM-head warm-up
+cut at `--weak-steps`), `warmup` (the warm-up to its plateau, capped at `--warmup-steps`: the pipeline's default),
+`dapt` (the warm-up, then `--dapt-epochs` of full-body domain-adaptive MLM on the training reviews). No package on
+the index this machine reaches ships a pretrained MLM head that fits it (searched; see docs/results.md), so there is
+no `pretrained` row. Modes (`--modes`): `full` and `frozen_encoder` (finetune.mode).
+
+Data as bench/defenses.py (MDSD electronics, 4 classes; `--split-seed`; validation split never scored as test):
+sets clean, the tutorial composite at severity 3 (`tutorial-3`, `--test-seed`), and kitchen/books (`--shift-size`).
+TTT settings: per model, the candidate (`--ttt-candidates`) with the best masked_ttt accuracy on the corrupted
+validation reviews (tutorial composite, seed `--val-seed`, mask seed 0); test reviews never enter the choice.
+Differences are paired per review and pooled over training and mask seeds (paired_difference).
+
+Output (`--json`: the last stdout line): rows {head, mode, perplexity, perplexity_corrupted, mlm_top1,
+heldout_change, ttt_vs_none, ttt_vs_control, control_vs_none, shift_ttt_vs_none (each {delta, ci_low, ci_high,
+...}), grad_cosine, grad_cosine_vs_gain, ttt_settings}, dose_response (Spearman of ttt_vs_control's delta against
+perplexity and against grad_cosine over the rows), the machine. `--quick`: a smoke run on a few reviews (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from accuracy import log  # noqa: E402
+from defenses import MDSD, Scorer, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe)
+
+HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
+         "warmup": lambda a: {"mlm_warmup_max_steps": a.warmup_steps},
+         "dapt": lambda a: {"mlm_warmup_max_steps": a.warmup_steps, "alignment": "dapt",
+                            "dapt_epochs": a.dapt_epochs}}
+METHODS = ("none", "mask_ensemble", "masked_ttt")
+
+
+def score(model, tok, method: str, texts, labels, settings, args) -> tuple[np.ndarray, list]:
+    """(0/1 correctness per review, masked TTT's held-out (before, after) pairs)."""
+    from ttt_pipeline.evaluation.scoring import score_texts
+
+    logits, stats = score_texts(model, tok, texts, method, settings, args.max_length, args.batch_size)
+    return (logits.argmax(-1) == np.asarray(labels)).astype(float), stats.get("heldout", [])
+
+
+def grad_cosines(model, tok, texts, labels, settings, args) -> list[float]:
+    """Per test batch: cos(grad of TTT's first-step MLM loss, grad of the cross-entropy) over TTT's parameters."""
+    import torch.nn.functional as F
+
+    from ttt_pipeline.defenses.base import settings_from_config
+    from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+    from ttt_pipeline.modeling.model import special_token_ids
+    from ttt_pipeline.modeling.tokenize import encode_texts
+    from ttt_pipeline.modeling.train import make_collate
+
+    engine = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), settings_from_config(settings))
+    params, collate = engine.params, make_collate(tok)
+    rows = [{"input_ids": ids} for ids in encode_texts(tok, list(texts), args.max_length)["input_ids"]]
+    out = []
+    model.eval()
+    for i in range(0, len(rows), args.batch_size):
+        b = collate(rows[i:i + args.batch_size])
+        ids, am = b["input_ids"], b["attention_mask"]
+        y = torch.as_tensor(labels[i:i + args.batch_size])
+        ctx = engine.prepare(ids, am, 0)
+        if ctx is None:
+            continue
+        g_mlm = torch.autograd.grad(engine.chunk_loss(ids, am, torch.arange(len(ids)), ctx), params,
+                                    allow_unused=True)
+        g_ce = torch.autograd.grad(F.cross_entropy(model(ids, am).float(), y), params, allow_unused=True)
+        flat = [torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(gs, params)])
+                for gs in (g_mlm, g_ce)]
+        out.append(float(F.cosine_similarity(flat[0], flat[1], dim=0)))
+    engine.close()
+    return out
+
+
+def batch_gains(ttt: np.ndarray, none: np.ndarray, size: int) -> list[float]:
+    """Accuracy change of each test batch (masked TTT minus none), in the order TTT saw the batches."""
+    return [float(ttt[i:i + size].mean() - none[i:i + size].mean()) for i in range(0, len(none), size)]
+
+
+def evaluate_model(model, tok, data: dict, args, store: dict) -> dict:
+    """Choose the TTT settings on validation, then score the test sets; the signal figures of this model."""
+    from ttt_pipeline.config import TTTConfig
+    from ttt_pipeline.evaluation.signal import mlm_quality
+
+    base = TTTConfig(batch_size=args.batch_size)
+    val = {k: v for k, v in data["val_sets"].items() if k in ("clean", "tutorial-3")}
+    name, _ = choose_ttt(Scorer(args, []), model, tok, val, args.candidates)
+    settings = base.model_copy(update=args.candidates[name])
+    clean, bad = data["test_sets"]["clean"], data["test_sets"]["tutorial-3"]
+    q = mlm_quality(model, tok, clean[0], args.max_length, args.batch_size, "cpu")
+    q_bad = mlm_quality(model, tok, bad[0], args.max_length, args.batch_size, "cpu")
+    pairs = []
+    for method in METHODS:
+        for seed in (args.mask_seeds if method != "none" else [None]):
+            cfg = settings if seed is None else settings.model_copy(update={"seed": seed, "signal_every": 1})
+            for s in ("tutorial-3", *data["shift"]):
+                correct, held = score(model, tok, method, *data["test_sets"][s], cfg, args)
+                store.setdefault((method, s), []).append(correct)
+                pairs += held if s == "tutorial-3" else []
+    cos = grad_cosines(model, tok, *bad, settings.model_copy(update={"seed": args.mask_seeds[0]}), args)
+    gains = batch_gains(store[("masked_ttt", "tutorial-3")][-len(args.mask_seeds)],
+                        store[("none", "tutorial-3")][-1], args.batch_size)
+    return {"perplexity": q["mlm_perplexity"], "perplexity_corrupted": q_bad["mlm_perplexity"],
+            "mlm_top1": q["mlm_top1"], "ttt_settings": name, "cosines": cos, "gains": gains,
+            "heldout_change": float(np.mean([a - b for b, a in pairs])) if pairs else None}
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    return float(spearmanr(x, y).statistic)
+
+
+def row(head: str, mode: str, store: dict, figures: list[dict], shift: list[str], kw: dict) -> dict:
+    """One configuration pooled over its training seeds (and mask seeds): the table row of the docstring."""
+    def mat(method: str, sets: list[str]) -> np.ndarray:
+        return np.vstack([np.column_stack(store[(method, s)]) for s in sets])
+
+    cos = [c for f in figures for c in f["cosines"]]
+    gains = [g for f in figures for g in f["gains"]]
+    out = {"head": head, "mode": mode, "seeds": len(figures),
+           **{k: float(np.mean([f[k] for f in figures])) for k in ("perplexity", "perplexity_corrupted", "mlm_top1")},
+           "heldout_change": (float(np.mean([f["heldout_change"] for f in figures]))
+                              if all(f["heldout_change"] is not None for f in figures) else None),
+           "ttt_vs_none": diff(mat("none", ["tutorial-3"]), mat("masked_ttt", ["tutorial-3"]), kw),
+           "ttt_vs_control": diff(mat("mask_ensemble", ["tutorial-3"]), mat("masked_ttt", ["tutorial-3"]), kw),
+           "control_vs_none": diff(mat("none", ["tutorial-3"]), mat("mask_ensemble", ["tutorial-3"]), kw),
+           "grad_cosine": float(np.mean(cos)) if cos else None, "grad_cosine_vs_gain": spearman(cos, gains),
+           "ttt_settings": sorted({f["ttt_settings"] for f in figures})}
+    if shift:
+        out["shift_ttt_vs_none"] = diff(mat("none", shift), mat("masked_ttt", shift), kw)
+    return out
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch, 1 seed each: tests")
+    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
+    p.add_argument("--modes", nargs="+", default=["full", "frozen_encoder"], choices=["full", "frozen_encoder"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
+    p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=1400)
+    p.add_argument("--val-size", type=int, default=200)
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--shift-size", type=int, default=400, help="kitchen and books reviews (0: no shift sets)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
+    p.add_argument("--weak-steps", type=int, default=20, help="MLM-head warm-up steps of the `weak` head")
+    p.add_argument("--warmup-steps", type=int, default=400, help="cap of the warm-up to plateau")
+    p.add_argument("--dapt-epochs", type=int, default=2)
+    p.add_argument("--split-seed", type=int, default=42)
+    p.add_argument("--test-seed", type=int, default=42)
+    p.add_argument("--val-seed", type=int, default=7)
+    p.add_argument("--ttt-candidates", nargs="+", default=["tutorial", "lr=1e-4", "mask_prob=0.15,lr=1e-4"],
+                   metavar="K=V[,K=V]", help="TTT settings chosen on validation (`tutorial`: the ttt.* defaults)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    if args.quick:
+        args.seeds, args.mask_seeds, args.epochs = args.seeds[:1], args.mask_seeds[:1], 1
+        args.train_size, args.val_size, args.test_size, args.shift_size = 40, 8, 16, 8
+        args.weak_steps, args.warmup_steps, args.dapt_epochs, args.max_length, args.batch_size = 1, 3, 1, 48, 8
+        args.ttt_candidates = args.ttt_candidates[:1]
+    return args
+
+
+def candidates(specs: list[str]) -> dict[str, dict]:
+    """`tutorial` -> {}; `lr=1e-4,mask_prob=0.15` -> {"lr": 0.0001, "mask_prob": 0.15} (YAML values)."""
+    import yaml
+
+    return {s: ({} if s == "tutorial" else {k: yaml.safe_load(v) for k, v in (kv.split("=", 1)
+                                                                         for kv in s.split(","))}) for s in specs}
+
+
+def main() -> None:
+    args = parse_args()
+    if not (MDSD / "electronics" / "positive.review").is_file():
+        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
+        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+        return
+    torch.set_num_threads(args.threads)
+    args.candidates = candidates(args.ttt_candidates)
+    # bench/defenses.py's build_data: the grid's other families are built but never scored here
+    args.char_family, args.word_family, args.val_seeds = "keyboard", "word_swap", [args.val_seed]
+    args.test_families, args.external_families = [], []
+    data = build_data(args)
+    data["shift"] = ["kitchen", "books"] if args.shift_size else []
+    kw = {"resamples": 2000, "confidence": 0.95, "seed": 0}
+    t0, rows = time.perf_counter(), []
+    for head in args.heads:
+        for mode in args.modes:
+            store: dict = {}
+            figures = []
+            for seed in args.seeds:
+                model, tok, info = train_model(seed, data["train"], args, False, {**HEADS[head](args), "mode": mode})
+                figures.append(evaluate_model(model, tok, data, args, store))
+                log(f"[bench] {head}/{mode} seed {seed}: train {info['train_s']:.0f} s, perplexity "
+                    f"{figures[-1]['perplexity']:.1f}")
+            rows.append(row(head, mode, store, figures, data["shift"], kw))
+            log(f"[bench] {head}/{mode}: ttt vs control {rows[-1]['ttt_vs_control']['delta'] * 100:+.2f} points")
+    report(rows, args, time.perf_counter() - t0)
+
+
+def report(rows: list[dict], args, wall: float) -> None:
+    deltas = [r["ttt_vs_control"]["delta"] for r in rows]
+    out = {"rows": rows, "wall_s": wall,
+           "dose_response": {"n_rows": len(rows),
+                             "spearman_gain_vs_perplexity": spearman([r["perplexity"] for r in rows], deltas),
+                             "spearman_gain_vs_cosine": spearman([r["grad_cosine"] or 0.0 for r in rows], deltas)},
+           "settings": {k: v for k, v in vars(args).items() if k != "candidates"},
+           "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": args.threads,
+                       "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}}
+    for r in rows:
+        t, c = r["ttt_vs_none"], r["ttt_vs_control"]
+        log(f"{r['head']:>7} {r['mode']:>14}  ppl {r['perplexity']:8.1f}  cos {r['grad_cosine'] or 0:+.3f}  "
+            f"ttt-none {t['delta'] * 100:+.2f} [{t['ci_low'] * 100:+.2f}, {t['ci_high'] * 100:+.2f}]  "
+            f"ttt-control {c['delta'] * 100:+.2f} [{c['ci_low'] * 100:+.2f}, {c['ci_high'] * 100:+.2f}]")
+    if args.json:
+        print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""bench/ttt_signal.py --quick (issue 35): every head quality in both fine-tuning modes gets one row with the
+signal (perplexity, held-out change, gradient cosine) beside masked TTT's paired differences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DIFF = {"delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n"}
+
+
+@pytest.mark.slow
+@pytest.mark.mdsd
+def test_quick_signal_bench_rows(mdsd_dir):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "ttt_signal.py"), "--quick", "--json",
+                           "--heads", "weak", "dapt"], capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = {(r["head"], r["mode"]): r for r in out["rows"]}
+    assert set(rows) == {(h, m) for h in ("weak", "dapt") for m in ("full", "frozen_encoder")}
+    for r in rows.values():
+        for key in ("ttt_vs_none", "ttt_vs_control", "control_vs_none", "shift_ttt_vs_none"):
+            d = r[key]
+            assert set(d) == DIFF and d["ci_low"] <= d["delta"] <= d["ci_high"], key
+        assert r["ttt_vs_none"]["n"] == 16 and r["shift_ttt_vs_none"]["n"] == 16  # kitchen and books, 8 each
+        assert r["perplexity"] > 1 and r["perplexity_corrupted"] > 1
+        assert -1.0 <= r["grad_cosine"] <= 1.0 and r["heldout_change"] is not None
+        assert 0.0 <= r["mlm_top1"] <= 1.0 and r["ttt_settings"] == ["tutorial"]
+    # two DAPT epochs on the training reviews read them better than a one-step warm-up
+    assert rows[("dapt", "full")]["perplexity"] < rows[("weak", "full")]["perplexity"]
+    assert out["dose_response"]["n_rows"] == 4 and out["machine"]["cpu_capability"]
