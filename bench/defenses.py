@@ -415,6 +415,19 @@ def full_run_estimate(test: dict, val: dict, defenses: list[str], args, candidat
 
 
 # ------------------------------------------------------------------------------------------------------ main
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Seeds, sizes and batching of the data recipe above (bench/ttt_signal.py shares them)."""
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
+    p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=1400)
+    p.add_argument("--val-size", type=int, default=200)
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--shift-size", type=int, default=400, help="kitchen and books reviews (0: none)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
+
+
 def main() -> None:
     from ttt_pipeline.config import apply_overrides
     from ttt_pipeline.defenses import registry
@@ -422,15 +435,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch, 1 training and 1 mask seed: tests")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
-    p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=1400)
-    p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--test-size", type=int, default=400)
-    p.add_argument("--shift-size", type=int, default=400)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
+    add_data_arguments(p)
     p.add_argument("--warmup-steps", type=int, default=400, help="cap of the MLM-head warm-up")
     p.add_argument("--char-family", default="keyboard")
     p.add_argument("--word-family", default="word_swap")

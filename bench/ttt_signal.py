@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from accuracy import log  # noqa: E402
-from defenses import MDSD, Scorer, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe)
+from defenses import MDSD, Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
          "warmup": lambda a: {"mlm_warmup_max_steps": a.warmup_steps},
@@ -164,15 +164,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch, 1 seed each: tests")
     p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
     p.add_argument("--modes", nargs="+", default=["full", "frozen_encoder"], choices=["full", "frozen_encoder"])
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
-    p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=1400)
-    p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--test-size", type=int, default=400)
-    p.add_argument("--shift-size", type=int, default=400, help="kitchen and books reviews (0: no shift sets)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
+    add_data_arguments(p)
     p.add_argument("--weak-steps", type=int, default=20, help="MLM-head warm-up steps of the `weak` head")
     p.add_argument("--warmup-steps", type=int, default=400, help="cap of the warm-up to plateau")
     p.add_argument("--dapt-epochs", type=int, default=2)
