@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ttt_pipeline.errors import ConfigError, PipelineError
+from ttt_pipeline.metrics import softmax
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,6 @@ def settings_error(exc) -> str:
         name = "method" if loc[:1] == ["methods"] else "ttt." + ".".join(loc)
         parts.append(f"{name}: {e['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities as the evaluate step stores them (float32)."""
-    z = logits - logits.max(-1, keepdims=True)
-    e = np.exp(z)
-    return (e / e.sum(-1, keepdims=True)).astype("float32")
 
 
 def check_texts(texts: Iterable[Any]) -> list[str]:

@@ -5,6 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities as the evaluate step stores them and the classifier returns them (float32)."""
+    z = logits - logits.max(-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(-1, keepdims=True)).astype("float32")
+
+
 def confusion(y_true, y_pred, n: int) -> np.ndarray:
     m = np.zeros((n, n), dtype=np.int64)
     np.add.at(m, (np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)), 1)

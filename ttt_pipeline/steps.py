@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.metrics import softmax
 from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.version import __version__
 
@@ -350,7 +351,7 @@ def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train
                          **(quality if m.name == "none" else {}), **heldout_fields(engine_stats)})
             preds.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
                           "mask_seed": seed, "label": list(ys), "pred": pred.tolist(),
-                          "probs": _softmax(logits).tolist()})
+                          "probs": softmax(logits).tolist()})
     return rows, preds
 
 
@@ -381,14 +382,6 @@ def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
             fixes.append(cache[r])
         built[m.name] = fixes
     return built
-
-
-def _softmax(logits):
-    import numpy as np
-
-    z = logits - logits.max(-1, keepdims=True)
-    e = np.exp(z)
-    return (e / e.sum(-1, keepdims=True)).astype("float32")
 
 
 def _samples(jobs: list, preds: list, label_names: list[str]) -> list[dict]:

@@ -152,11 +152,6 @@ class RowHashMasker:
         return mask & eligible_positions(input_ids, attention_mask, self.special_ids)
 
 
-def bernoulli_mask(mask_prob: float, special_ids: list[int], seed: int = 0) -> MaskFn:
-    """Kept for callers of the first version: the default row-hash masker."""
-    return RowHashMasker(mask_prob, special_ids, seed)
-
-
 class CollapseGuard:
     """Decides when an online engine must go back to the source weights (see TTTSettings.guard_*)."""
 

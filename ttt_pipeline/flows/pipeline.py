@@ -10,6 +10,7 @@ from prefect.runtime import flow_run
 
 from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.evaluation.stats import format_difference
+from ttt_pipeline.flows.stages import run_task
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io.report import headline_markdown
 from ttt_pipeline.io.tracking import Tracker
@@ -39,9 +40,7 @@ def _run(task_fn, *args, **kwargs):
     name = task_fn.name
     logger.info("%s: started (%s)", name, STAGE_WORK.get(name, name))
     t0 = time.perf_counter()
-    state = task_fn(*args, return_state=True, **kwargs)
-    result = state.result()
-    cached = state.name == "Cached" or bool(result.get("cached"))
+    result, cached = run_task(task_fn, *args, **kwargs)
     logger.info("%s: %s in %s", name, "cached (served from the store)" if cached else "computed",
                 duration(time.perf_counter() - t0))
     return result, cached

@@ -38,7 +38,7 @@ from ttt_pipeline.config import PipelineConfig, default_config
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
-from ttt_pipeline.flows.stages import _run, evaluate_on_gpu, portable
+from ttt_pipeline.flows.stages import evaluate_on_gpu, portable, run_task
 from ttt_pipeline.io.remote_store import open_store
 from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task
@@ -145,8 +145,8 @@ def training_predictions(tracker: Tracker, mv):
     parent = (mv.tags or {}).get("parent_run_id")
     try:
         if not parent:
-            parent = tracker.client.get_run(mv.run_id).data.tags.get("mlflow.parentRunId")
-        return run_predictions(tracker.client, tracker.client.get_run(parent)) if parent else None
+            parent = tracker.client.getrun_task(mv.run_id).data.tags.get("mlflow.parentRunId")
+        return run_predictions(tracker.client, tracker.client.getrun_task(parent)) if parent else None
     except Exception:  # a deleted run, an older run without predictions: no paired baseline
         return None
 
@@ -247,13 +247,13 @@ def _score_suites(cfg, data: dict, model: dict, night_seed: int, reference_seed:
     for suite, seed, with_clean in (("night", night_seed, True), ("ref", reference_seed, False)):
         c = cfg.model_copy(deep=True)
         c.corruption.seed = seed
-        corrupted, _ = _run(corrupt_task, c, data)
+        corrupted, _ = run_task(corrupt_task, c, data)
         families = None if with_clean else list(c.corruption.families)
         if c.execution.mode == "deployments":
             shares = ([["clean"]] if with_clean else []) + [[fam] for fam in c.corruption.families]
             outs, _ = evaluate_on_gpu(c, data, model, corrupted, shares)
         else:
-            outs = [_run(evaluate_task, c, data, model, corrupted, families)[0]]
+            outs = [run_task(evaluate_task, c, data, model, corrupted, families)[0]]
         results[suite] = steps.load_results([steps.StepOutput(**o) for o in outs])["rows"]
         preds[suite] = steps.read_predictions([steps.StepOutput(**o) for o in outs])
     return results, preds
@@ -412,7 +412,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
     night_seed = seed_for(night)
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
-    data, _ = _run(download_task, cfg)
+    data, _ = run_task(download_task, cfg)
     name = cfg.model_name(data["meta"]["label_names"])
     try:
         mv = load_champion(tracker.client, name)
@@ -426,7 +426,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
     now = _figures(results, defense)
     prev = previous_night(tracker, mv.name, night)
     check = _against_previous(tracker, prev, mv, now, preds["ref"], threshold, cfg, defense)
-    new = _run(new_data_task, cfg, data, model, defense)[0] if cfg.nightly.data_path else None
+    new = run_task(new_data_task, cfg, data, model, defense)[0] if cfg.nightly.data_path else None
     extra = _extra(check, preds["ref"], new, threshold, cfg.evaluation.confidence)
     regression = bool(check and check["regression"])
     run_id = _record(tracker, cfg, mv, night, (night_seed, reference_seed), threshold, prev, now, results, preds,

@@ -27,7 +27,8 @@ from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.tasks import evaluate_task, finetune_task, log_stage_task
 
 
-def _run(task_fn, *args, **kwargs) -> tuple[dict, bool]:
+def run_task(task_fn, *args, **kwargs) -> tuple[dict, bool]:
+    """(result, served_from_cache): a Prefect cache hit or a verified store hit both count."""
     state = task_fn(*args, return_state=True, **kwargs)
     result = state.result()
     return result, state.name == "Cached" or bool(result.get("cached"))
@@ -90,7 +91,7 @@ def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_i
 
         launch_finetune(cfg, data, tokens, nproc)  # writes the step output into the store
         launched = True
-    model, cached = _run(finetune_task, cfg, data, tokens)  # served from the store after a torchrun
+    model, cached = run_task(finetune_task, cfg, data, tokens)  # served from the store after a torchrun
     cached = cached and not launched
     model["cached"] = cached
     if parent_run_id:
@@ -106,7 +107,7 @@ def evaluate_flow(config: PipelineConfig, data: dict, model: dict, corrupted: di
     cfg = config
     store = open_store(cfg.store)
     data, model, corrupted = (localise(store, d) for d in (data, model, corrupted))
-    out, cached = _run(evaluate_task, cfg, data, model, corrupted, families)
+    out, cached = run_task(evaluate_task, cfg, data, model, corrupted, families)
     out["cached"] = cached
     publish_output(out)
     return out
@@ -157,7 +158,7 @@ def _wait(flow_run_ids: list, timeout_s: float, poll_s: float = 2.0) -> list:
     with get_client(sync_client=True) as client:
         while True:
             for fid in [k for k, v in pending.items() if v is None]:
-                fr = client.read_flow_run(fid)
+                fr = client.read_flowrun_task(fid)
                 if fr.state is not None and fr.state.is_final():
                     pending[fid] = fr
             if all(v is not None for v in pending.values()):
