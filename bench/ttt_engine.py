@@ -220,7 +220,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
         """One encoder pass over a 15%-masked copy: (hidden states, MLM loss on the masked positions)."""
         mask = _mlm_mask(ids, am, special, 0.15, gen)
         hidden = model.encode(ids.masked_fill(mask, tok.mask_token_id), am)
-        return hidden, F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+        return hidden, model.mlm_cross_entropy(hidden, ids, mask)
 
     # 1. MLM-head warm-up, encoder frozen (the decoder is tied to the word embeddings: frozen too).
     enc_ids = {id(p) for p in model.encoder.parameters()}

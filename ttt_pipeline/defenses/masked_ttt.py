@@ -10,7 +10,6 @@ only on the masked positions, and never on the prediction pass.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ttt_pipeline.defenses.base import EpisodicEngine, MaskFn, RowHashMasker, TTTSettings
 from ttt_pipeline.defenses.params import select_parameters
@@ -53,8 +52,7 @@ class MaskedTTT(EpisodicEngine):
                 if not bool(mask.any()):
                     continue
                 hidden = self.model.encode(ids.masked_fill(mask, self.mask_token_id), am)
-                total += float(F.cross_entropy(self.model.mlm_logits_at(hidden, mask).float(), ids[mask],
-                                               reduction="sum"))
+                total += float(self.model.mlm_cross_entropy(hidden, ids, mask, "sum"))
                 n += int(mask.sum())
         return total / max(n, 1)
 
@@ -82,7 +80,7 @@ class MaskedTTT(EpisodicEngine):
         ids = input_ids if n == 1 else input_ids.repeat(n, 1)
         am = attention_mask if n == 1 else attention_mask.repeat(n, 1)
         hidden = self.model.encode(ids.masked_fill(mask, self.mask_token_id), am)
-        ce = F.cross_entropy(self.model.mlm_logits_at(hidden, mask).float(), ids[mask], reduction="none")
+        ce = self.model.mlm_cross_entropy(hidden, ids, mask, "none")
         if n == 1:
             return ce.sum() * ctx["scale"][0]
         per_view = [int(m.sum()) for m in masks]

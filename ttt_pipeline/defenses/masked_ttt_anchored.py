@@ -69,7 +69,7 @@ class AnchoredTTT(MaskedTTT):
                 continue
             with torch.inference_mode(), self._autocast():
                 hidden = self.model.encode(ids.masked_fill(m, self.mask_token_id), am)
-                ce = F.cross_entropy(self.model.mlm_logits_at(hidden, m).float(), ids[m], reduction="none")
+                ce = self.model.mlm_cross_entropy(hidden, ids, m, "none")
             which = rows.cpu()[m.nonzero()[:, 0].cpu()]
             sums.index_add_(0, which, ce.detach().cpu().clone())
             counts.index_add_(0, which, torch.ones(len(which)))

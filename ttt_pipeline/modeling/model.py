@@ -178,6 +178,13 @@ class ReviewClassifier(nn.Module):
         """Vocabulary logits only at `positions` (bool, B x T): the full-vocabulary map is never built."""
         return self.mlm_head(hidden[positions])
 
+    def mlm_cross_entropy(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                          reduction: str = "mean") -> torch.Tensor:
+        """The MLM loss (in fp32) of the head's guesses at `positions` against the original tokens there: the one
+        definition warm-up, DAPT, joint training, TTT and its probes share."""
+        return nn.functional.cross_entropy(self.mlm_logits_at(hidden, positions).float(), input_ids[positions],
+                                           reduction=reduction)
+
 
 def build_classifier(model_cfg, label_names: list[str]):
     """Fresh classifier from a pretrained encoder; returns (model, tokenizer)."""

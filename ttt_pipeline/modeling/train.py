@@ -127,7 +127,7 @@ def mlm_mask(input_ids, attention_mask, special: list[int], prob: float, gen: to
 def mlm_loss(model: ReviewClassifier, input_ids, attention_mask, mask, mask_token_id: int):
     masked = input_ids.masked_fill(mask, mask_token_id)
     hidden = model.encode(masked, attention_mask)
-    return F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), input_ids[mask])
+    return model.mlm_cross_entropy(hidden, input_ids, mask)
 
 
 def optimizer_step(loss, opt, scaler, params, max_grad_norm: float | None, sync=None) -> None:
@@ -190,7 +190,7 @@ def warmup_mlm_head(model, tokenizer, ds, cfg, device, progress: Progress | None
             mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, gen).to(device)
             with torch.no_grad():
                 hidden = model.encode(ids.masked_fill(mask, tokenizer.mask_token_id), am)
-            loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+            loss = model.mlm_cross_entropy(hidden, ids, mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -384,7 +384,7 @@ def _batch_loss(loop: _Loop, ids, am, y, special: list[int], loss_w) -> tuple[to
             # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
             logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
             loss = F.cross_entropy(logits.float(), y, weight=loss_w)
-            m_loss = F.cross_entropy(model.mlm_logits_at(hidden, mask).float(), ids[mask])
+            m_loss = model.mlm_cross_entropy(hidden, ids, mask)
         else:
             loss = F.cross_entropy(loop.fwd_model(ids, am).float(), y, weight=loss_w)
             if loop.joint:
