@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+import string
 import time
 
 import pytest
+from symspellpy import Verbosity
+from symspellpy.editdistance import DamerauOsa
 
 from ttt_pipeline.corruption import corrupt_texts
 from ttt_pipeline.corruption.samples import synthetic_reviews
@@ -187,3 +192,61 @@ def test_context_needs_neighbours_across_spaces_only(repair):
     assert repair.repair("I ahd") == "I had"
     text = "The battery is great, I use it daily and it has a good time."
     assert repair.repair(text) == text  # clean text passes through unchanged
+
+
+# --- the closest-word search (_DeleteIndex, batched): symspellpy's lookup answers, in its order, much faster
+def _symspellpy_candidates(repair: SpellRepair, queries: list[tuple[str, int]]) -> list[tuple]:
+    """What SpellRepair._candidates gave before the index: each dictionary's lookup, the nearest kept."""
+    out = []
+    for word, limit in queries:
+        found = [(f.term, f.distance, f.count) for sym in (repair._sym, repair._extra) if sym is not None
+                 for f in sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
+        nearest = min((d for _, d, _ in found), default=0)
+        out.append(tuple((term, count) for term, d, count in found if d == nearest))
+    return out
+
+
+def _typos(words: list[str], n: int, seed: int) -> set[str]:
+    """Each of n random words with 1 to 3 random substitutions, insertions, deletions or swaps."""
+    rng, letters, out = random.Random(seed), string.ascii_lowercase, set()
+    for word in rng.choices(words, k=n):
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(word))
+            word = rng.choice([word[:i] + rng.choice(letters) + word[i + 1:], word[:i] + rng.choice(letters) + word[i:],
+                               word[:i] + word[i + 1:], word[:i] + word[i + 1:i + 2] + word[i] + word[i + 2:]])
+        if len(word) >= 2:
+            out.add(word)
+    return out
+
+
+def test_within_is_symspellpy_damerau_osa():
+    """_within1 / _within2 agree with symspellpy's measured distance, on every pair of short strings of 3 letters."""
+    strings = [""] + ["".join(t) for n in range(1, 6) for t in itertools.product("abc", repeat=n)]
+    osa = DamerauOsa()
+    for a in strings:
+        for b in strings:
+            if abs(len(a) - len(b)) <= 3:
+                d = osa.distance(a, b, 2)
+                assert (spell._within1(a, b), spell._within2(a, b)) == (0 <= d <= 1, 0 <= d <= 2), (a, b, d)
+
+
+@pytest.mark.parametrize("max_edit_distance", [1, 2])
+def test_closest_words_are_symspellpy_lookups(max_edit_distance):
+    """Same words, same order, on typos (1 to 3 edits) of dictionary words, every 2-letter string, and typos of
+    vocabulary words that share one count (symspellpy's search order breaks those ties: it answers them)."""
+    vocabulary = ["zorbix zorbex zorbax quandle quindle frobnitz"] * 2
+    repair = SpellRepair(max_edit_distance=max_edit_distance, extra_vocabulary=vocabulary)
+    words = sorted(w for w in repair._sym.words if w.isalpha() and len(w) >= 2)
+    queries = _typos(words, 1500, seed=max_edit_distance) | _typos(sorted(repair.extra_words), 60, seed=7)
+    queries |= {"".join(t) for t in itertools.product(string.ascii_lowercase, repeat=2)} | {"zorbux", "qundle"}
+    queries = sorted((q, 1 if len(q) <= 3 else max_edit_distance) for q in queries if not repair._known(q))
+    found = repair._candidates(queries)
+    assert found == _symspellpy_candidates(repair, queries)
+    assert sum(len(f) > 1 for f in found) > 100 and any(len(f) > 1 and f[0][1] == f[1][1] for f in found)
+
+
+def test_one_text_at_a_time_is_the_batch():
+    """repair_all resolves a batch's new words together (one search for all); text by text gives the same."""
+    texts = _sample()
+    one = SpellRepair()
+    assert [one.repair(t) for t in texts] == SpellRepair().repair_all(texts)

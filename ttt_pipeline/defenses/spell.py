@@ -1,7 +1,10 @@
 """Spelling repair in front of the model: word-level SymSpell lookups on symspellpy's English dictionary.
 
 Why word-level `lookup` (not `lookup_compound`): compound segmentation is far too slow for a test set and
-rewrites spacing; per-word lookups with a per-word cache cost little once the review vocabulary is seen.
+rewrites spacing; per-word lookups with a per-word cache cost little once the review vocabulary is seen. The
+lookups' answers are found, for all new words of a batch at once, by a whole-word delete index (_DeleteIndex):
+the same words in the same order as symspellpy's `lookup`, which answers itself where only its search knows
+the order (equal counts), several times faster than one pure-Python lookup per word.
 Only what is likely a typo is touched, so clean text passes through (almost) unchanged:
 
 - the text is cut into word / non-word runs; punctuation, whitespace and numbers are copied verbatim;
@@ -42,6 +45,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
 from symspellpy import SymSpell, Verbosity
 
 __all__ = ["SpellRepair", "get_repair", "DICTIONARY"]
@@ -57,6 +61,7 @@ _TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 _SPLIT = re.compile(f"({_TOKEN.pattern})")
 _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
+_DOUBLE = re.compile(r"(.)\1")  # _undoubled has nothing to try without one
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
 FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions"})
@@ -149,12 +154,233 @@ def _anagram_index(max_edit_distance: int) -> tuple[dict[str, str], dict[str, st
     return {k: w for k, (_, w) in jumbles.items()}, {k: w for k, (_, w) in letters.items()}
 
 
+# --- The closest dictionary words, as symspellpy's lookup(word, CLOSEST, limit) finds them, for limit 1 or 2.
+# Both use the symmetric-delete idea: two words within k edits (Damerau OSA: substitute, insert, delete, swap two
+# neighbours) share a spelling with at most k letters deleted from each. symspellpy keys its index by the deletes of
+# a word's first 7 letters only, so one lookup meets hundreds of long words sharing a prefix and measures each in
+# pure Python (most of repair's time on typos). _DeleteIndex keys every word by the deletes of the whole word, looks
+# up a whole batch of words in a few array operations, keeps the pairs whose deleted positions an edit can explain
+# (_explained) and measures only those (distance 1 first: CLOSEST keeps only the nearest).
+_HASH_BASE = 0x100000001B3  # a spelling's key: sum of code point * base**position, modulo 2**64 (base odd: invertible)
+_HASH_INV = pow(_HASH_BASE, -1, 1 << 64)
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (j, k): the position pairs j < k of an n-letter word
+_INDEXED = 64  # longest word indexed (a word has n * n / 2 deletes); longer ones, and the searches that could reach
+# them, are symspellpy's (its prefix index does not grow with length; the shipped dictionary's longest word has 28)
+
+
+def _delete_hashes(words: list[str], depths: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """(hash, owner, first, second) of each word's spellings with `depths` (0, 1, 2) letters deleted: owner is the
+    word's position in `words`, first < second the deleted positions (-1: none). Computed per word length on arrays:
+    from a word's prefix sums P, deleting j gives P[j] + (P[n] - P[j + 1]) / base, deleting j < k gives
+    P[j] + (P[k] - P[j + 1]) / base + (P[n] - P[k + 1]) / base**2 (/: times the inverse; uint64 wraps modulo 2**64)."""
+    by_length: dict[int, list[int]] = {}
+    for i, w in enumerate(words):
+        by_length.setdefault(len(w), []).append(i)
+    inv, inv2 = np.uint64(_HASH_INV), np.uint64(_HASH_INV * _HASH_INV % (1 << 64))
+    parts: list[tuple[np.ndarray, ...]] = []
+    for n, positions in by_length.items():
+        codes = np.frombuffer("".join([words[i] for i in positions]).encode("utf-32-le", "surrogatepass"), np.uint32)
+        powers = np.array([pow(_HASH_BASE, i, 1 << 64) for i in range(n)], dtype=np.uint64)
+        pre = np.zeros((len(positions), n + 1), dtype=np.uint64)
+        np.cumsum(codes.reshape(len(positions), n) * powers, axis=1, out=pre[:, 1:])
+        full, none = pre[:, n:], np.full(1, -1, dtype=np.int8)  # positions: words are at most _INDEXED long
+        found = [(full, none, none)] if 0 in depths else []
+        if 1 in depths:
+            found.append((pre[:, :n] + (full - pre[:, 1:]) * inv, np.arange(n, dtype=np.int8), np.full(n, -1, np.int8)))
+        if 2 in depths and n >= 2:
+            if n not in _PAIRS:
+                _PAIRS[n] = tuple(a.astype(np.int8) for a in np.triu_indices(n, 1))
+            j, k = _PAIRS[n]
+            found.append((pre[:, j] + (pre[:, k] - pre[:, j + 1]) * inv + (full - pre[:, k + 1]) * inv2, j, k))
+        owners = np.asarray(positions, dtype=np.int32)
+        for h, first, second in found:
+            parts.append((h.ravel(), np.repeat(owners, h.shape[1]), np.tile(first, len(owners)),
+                          np.tile(second, len(owners))))
+    if not parts:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int8)
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def _flat_codes(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The code points of all words end to end (one spare at each end), and where each word starts."""
+    lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+    starts = np.cumsum(lengths) - lengths + 1
+    return np.frombuffer(("\0" + "".join(words) + "\0").encode("utf-32-le", "surrogatepass"), np.uint32), starts
+
+
+class _Level:
+    """Words under the hashes of some of their deletes, sorted by hash, with the deleted positions."""
+
+    def __init__(self, hashes: np.ndarray, owners: np.ndarray, first: np.ndarray, second: np.ndarray):
+        order = np.argsort(hashes)
+        self.hashes, self.rows, self.first, self.second = hashes[order], owners[order], first[order], second[order]
+
+    def pairs(self, hashes, owners, first, second) -> tuple[np.ndarray, ...]:
+        """(owner, word position, the owner's deleted positions, the word's) for every word indexed under one
+        of the owners' delete `hashes` (with `first`, `second` its deleted positions)."""
+        order = np.argsort(hashes)  # ascending keys: each binary search starts where the last ended (fewer misses)
+        hashes, owners, first, second = hashes[order], owners[order], first[order], second[order]
+        lo, hi = self.hashes.searchsorted(hashes, "left"), self.hashes.searchsorted(hashes, "right")
+        sizes = hi - lo
+        ends = np.cumsum(sizes)
+        at = np.arange(ends[-1] if len(ends) else 0) + np.repeat(lo - ends + sizes, sizes)
+        return (np.repeat(owners, sizes), self.rows[at], np.repeat(first, sizes), np.repeat(second, sizes),
+                self.first[at], self.second[at])
+
+
+def _explained(qf, qs, wf, ws, same_f, same_s, k: int) -> np.ndarray:
+    """Whether a shared delete (query deleted qf < qs, word wf < ws; -1: none) can come from k edits or fewer.
+    An alignment's edits each delete at most one letter per side: a substitution the same position on both sides, a
+    swap of i, i+1 one of them on each side (1 apart, the same letter: same_f / same_s say whether the first / second
+    deleted letters are equal), an insertion one letter on one side. So words within k edits share a delete with:
+    1 letter on one side only; or with k = 1, one on each, the same position or a swap; or with k = 2, up to 2 + 0
+    or 1 + 1 (always within 2: a deletion and an insertion, or edits 1 apart), 1 + 2 with the one within 1 of either
+    of the two, 2 + 2 each (sorted) the same position or a swap. A necessary test: the pairs kept are measured."""
+    dq, dw = (qf >= 0).astype(np.int8) + (qs >= 0), (wf >= 0).astype(np.int8) + (ws >= 0)
+    near_f = np.abs(qf - wf) <= 1
+    first = (qf == wf) | (near_f & same_f)  # a substitution or a swap
+    if k == 1:
+        return (dq + dw == 1) | ((dq == 1) & (dw == 1) & first)
+    keep = (dq + dw <= 2) | ((dq == 2) & (dw == 2) & first & ((qs == ws) | ((np.abs(qs - ws) == 1) & same_s)))
+    keep |= (dq == 1) & (dw == 2) & (near_f | (np.abs(qf - ws) <= 1))
+    keep |= (dq == 2) & (dw == 1) & (near_f | (np.abs(qs - wf) <= 1))
+    return keep
+
+
+def _within1(a: str, b: str) -> bool:
+    """Damerau OSA distance of a and b at most 1 (symspellpy's measure; tested against it exhaustively)."""
+    la, lb = len(a), len(b)
+    if la > lb:
+        a, b, la, lb = b, a, lb, la
+    if lb - la > 1:
+        return False
+    i = 0
+    while i < la and a[i] == b[i]:
+        i += 1
+    if la < lb:
+        return a[i:] == b[i + 1:]  # one insertion
+    return (i == la or a[i + 1:] == b[i + 1:]  # equal, or one substitution
+            or (i + 1 < la and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:]))  # one swap
+
+
+def _within2(a: str, b: str) -> bool:
+    """Damerau OSA distance at most 2: the first difference is one edit, and the rest is within 1."""
+    la, lb = len(a), len(b)
+    if la > lb:
+        a, b, la, lb = b, a, lb, la
+    if lb - la > 2:
+        return False
+    i = 0
+    while i < la and a[i] == b[i]:
+        i += 1
+    if i == la:
+        return True  # b is a with up to 2 letters added
+    rest_a, rest_b = a[i + 1:], b[i + 1:]
+    if _within1(rest_a, rest_b) or _within1(a[i:], rest_b) or _within1(rest_a, b[i:]):
+        return True
+    return i + 1 < la and a[i] == b[i + 1] and a[i + 1] == b[i] and _within1(a[i + 2:], b[i + 2:])
+
+
+class _DeleteIndex:
+    """The words of one dictionary (word -> count) under each spelling with up to `depth` (1 or 2) letters deleted
+    (as hashes: a collision only adds a candidate, and every candidate is measured)."""
+
+    def __init__(self, counts: Mapping[str, int], depth: int):
+        self.words = [w for w in counts if len(w) <= _INDEXED]
+        self.longest = max(map(len, counts), default=0)  # a search that could reach a longer word is not ours
+        self.depth = min(depth, 2)
+        self._counts = np.fromiter((counts[w] for w in self.words), dtype=np.int64, count=len(self.words))
+        self._letters, self._starts = _flat_codes(self.words)
+        self._near = _Level(*_delete_hashes(self.words, (0, 1)))  # the word and its 1-letter deletes
+        self._far = _Level(*_delete_hashes(self.words, (2,))) if self.depth == 2 else None  # its 2-letter deletes
+
+    def closest(self, queries: list[str], limits: list[int]) -> list[tuple[int, list[tuple[str, int]], bool]]:
+        """For each query word (not in the dictionary; limit <= depth): (d, (word, count) of the words at Damerau
+        OSA distance d, most frequent first, whether two counts are equal) for the smallest d in 1..limit that has
+        any, else (0, [], False)."""
+        out: list = [(0, [], False)] * len(queries)
+        up_to_1 = _delete_hashes(queries, (0, 1))
+        for q, (found, tied) in self._measure(queries, 1, [self._near.pairs(*up_to_1)]).items():
+            out[q] = (1, found, tied)
+        again = [q for q, limit in enumerate(limits) if limit >= 2 and not out[q][1]]
+        if again:  # no word within 1 edit: the words found within 2 are at 2
+            back = np.asarray(again, dtype=np.int32)
+            up_to_1 = _delete_hashes([queries[q] for q in again], (0, 1))
+            exactly_2 = _delete_hashes([queries[q] for q in again], (2,))
+            up_to_1 = (up_to_1[0], back[up_to_1[1]], *up_to_1[2:])
+            exactly_2 = (exactly_2[0], back[exactly_2[1]], *exactly_2[2:])
+            pairs = [self._near.pairs(*up_to_1), self._near.pairs(*exactly_2), self._far.pairs(*up_to_1),
+                     self._far.pairs(*exactly_2)]
+            for q, (found, tied) in self._measure(queries, 2, pairs).items():
+                out[q] = (2, found, tied)
+        return out
+
+    def _measure(self, queries: list[str], k: int, pairs: list[tuple[np.ndarray, ...]]) -> dict[int, tuple]:
+        """query -> ((word, count) of the words within k edits of it, most frequent first; whether two counts are
+        equal), among the `pairs` (_Level.pairs) that _explained keeps."""
+        owners, rows, qf, qs, wf, ws = (np.concatenate(column) for column in zip(*pairs))
+        owners, rows = owners.astype(np.int64), rows.astype(np.int64)
+        letters, starts = _flat_codes(queries)  # the letters each side deleted (at -1: a spare, not used then)
+        at_q, at_w = starts[owners], self._starts[rows]
+        same_f = letters[at_q + qf] == self._letters[at_w + wf]
+        same_s = letters[at_q + qs] == self._letters[at_w + ws]
+        keep = _explained(qf, qs, wf, ws, same_f, same_s, k)
+        key = np.unique(owners[keep] * len(self.words) + rows[keep])
+        owners, rows = key // len(self.words), key % len(self.words)
+        within, words = _within1 if k == 1 else _within2, self.words
+        ok = np.array([within(queries[q], words[r]) for q, r in zip(owners.tolist(), rows.tolist())], dtype=bool)
+        owners, rows = owners[ok], rows[ok]
+        counts = self._counts[rows]
+        order = np.lexsort((-counts, owners))  # by query, then most frequent first
+        owners, rows, counts = owners[order], rows[order], counts[order]
+        tied = set(owners[1:][(owners[1:] == owners[:-1]) & (counts[1:] == counts[:-1])].tolist())
+        found: dict[int, tuple[list, bool]] = {}
+        for q, r, c in zip(owners.tolist(), rows.tolist(), counts.tolist()):
+            if q not in found:
+                found[q] = ([], q in tied)
+            found[q][0].append((words[r], c))
+        return found
+
+
+def _closest(sym: SymSpell, index: _DeleteIndex, queries: list[tuple[str, int]]) -> list[tuple[int, list, bool]]:
+    """For each (word, limit): (distance, (term, count) of the closest words, whether two counts are equal) as
+    sym.lookup(word, Verbosity.CLOSEST, limit) finds them (no words: distance 0), most frequent first. `index`
+    answers in one batch; symspellpy itself for a word in the dictionary, limit > 2 or a search that could reach a
+    word longer than _INDEXED (then in its order, untied)."""
+    out: list = [None] * len(queries)
+    mine = []
+    for q, (word, limit) in enumerate(queries):
+        if len(word) - limit > index.longest:
+            out[q] = (0, [], False)  # nothing that long (symspellpy's first check)
+        elif limit <= index.depth and word not in sym.words and (
+                index.longest <= _INDEXED or len(word) + limit <= _INDEXED):
+            mine.append(q)
+    for q, found in zip(mine, index.closest([queries[q][0] for q in mine], [queries[q][1] for q in mine])):
+        out[q] = found
+    for q, (word, limit) in enumerate(queries):
+        if out[q] is None:
+            out[q] = (*_lookup(sym, word, limit), False)
+    return out
+
+
+def _lookup(sym: SymSpell, word: str, limit: int) -> tuple[int, list[tuple[str, int]]]:
+    """symspellpy's own answer: (distance, (term, count) of the closest words in its order); no words: (0, [])."""
+    items = sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)
+    return (items[0].distance if items else 0), [(f.term, f.count) for f in items]
+
+
+@lru_cache(maxsize=4)
+def _base_index(max_edit_distance: int) -> _DeleteIndex:
+    """_DeleteIndex of the shipped dictionary (about a second and 50 MB, once per edit distance)."""
+    return _DeleteIndex(_base(max_edit_distance).words, max_edit_distance)
+
+
 def _undoubled(word: str, limit: int = 4):
     """Spellings of `word` with some of its doubled letters written once (at most 2**limit of them)."""
     runs = [i for i in range(1, len(word)) if word[i] == word[i - 1]][:limit]
     for mask in range(1, 2 ** len(runs)):
-        drop = {runs[b] for b in range(len(runs)) if mask >> b & 1}
-        yield "".join(c for i, c in enumerate(word) if i not in drop)
+        drop = [runs[b] for b in range(len(runs)) if mask >> b & 1]  # ascending positions
+        yield "".join(word[start + 1:end] for start, end in zip([-1] + drop, drop + [len(word)]))
 
 
 @lru_cache(maxsize=4)
@@ -190,6 +416,16 @@ def _recase(word: str, fixed: str) -> str:
     return fixed
 
 
+def _resolved(word: str, fixed: str | tuple | None) -> str | tuple[str, tuple]:
+    """A word's repair from its cached correction (SpellRepair._resolve)."""
+    if isinstance(fixed, tuple):
+        return word, fixed
+    return word if fixed is None else _recase(word, fixed)
+
+
+_MISSING = object()
+
+
 def _remember(cache: dict, key, value):
     """cache[key] = value, the cache cleared first when it holds _CACHE_LIMIT entries; returns value."""
     if len(cache) >= _CACHE_LIMIT:
@@ -208,8 +444,10 @@ class SpellRepair:
             raise ValueError(f"max_edit_distance must be >= 1, got {max_edit_distance}")
         self.max_edit_distance = int(max_edit_distance)
         self._sym = _base(self.max_edit_distance)
+        self._words = self._sym.words  # word -> count (symspellpy's `words` is a property: one call per use)
         self._keep_bare = _bare_contractions(self.max_edit_distance)
         self._extra: SymSpell | None = None
+        self._dictionaries = [(self._sym, _base_index(self.max_edit_distance))]  # (symspellpy's, _DeleteIndex)
         self.extra_words: frozenset[str] = frozenset()
         if extra_vocabulary is not None:
             counts = vocabulary_counts(extra_vocabulary)
@@ -220,6 +458,7 @@ class SpellRepair:
                 for w in words:
                     self._extra.create_dictionary_entry(w, EXTRA_COUNT)
                 self.extra_words = frozenset(words)
+                self._dictionaries.append((self._extra, _DeleteIndex(self._extra.words, self.max_edit_distance)))
         self.fixes = frozenset(fixes)
         unknown = self.fixes - FIXES
         if unknown:
@@ -239,34 +478,41 @@ class SpellRepair:
         self._ranks: dict[tuple[str, str | None, str | None], str] = {}
 
     def _known(self, word: str) -> bool:
-        return word in self._sym.words or word in self.extra_words or word in self._keep_bare
+        return word in self._words or word in self.extra_words or word in self._keep_bare
 
     def _count(self, word: str) -> int:
-        return EXTRA_COUNT if word in self.extra_words else self._sym.words.get(word, 0)
+        return EXTRA_COUNT if word in self.extra_words else self._words.get(word, 0)
 
     def _real_word(self, low: str) -> str | None:
         """A rare dictionary word whose letters spell a far more frequent one (rae -> are), or None."""
-        n = self._sym.words.get(low)
+        n = self._words.get(low)
         if n is None or n >= REAL_WORD_MAX_COUNT or low in self.extra_words:
             return None
         other = self._letters.get(_letters_key(low))
         return other if other and other != low and self._count(other) >= REAL_WORD_RATIO * n else None
 
-    def _correct(self, low: str) -> str | None:
-        """Lower-case correction of a lower-case candidate, or None to keep it."""
+    def _correct(self, low: str) -> str | tuple | None:
+        """Lower-case correction of a lower-case candidate, None to keep it, or its equally close candidates."""
+        fixed, search = self._without_search(low)
+        return fixed if search is None else self._from_closest(low, search[0], self._candidates([search])[0])
+
+    def _without_search(self, low: str) -> tuple[str | None, tuple[str, int] | None]:
+        """(correction, None) when no closest-word search is needed, else (None, (word to search, edit limit))."""
         if self._known(low):
-            return self._real_word(low) if "real_word" in self.fixes else None
+            return (self._real_word(low) if "real_word" in self.fixes else None), None
         squeezed = _TRIPLE.sub(r"\1\1", low)
         if squeezed != low and self._known(squeezed):
-            return squeezed
-        if "undouble" in self.fixes:
+            return squeezed, None
+        if "undouble" in self.fixes and _DOUBLE.search(squeezed):
             known = [w for w in _undoubled(squeezed) if self._known(w)]
             if known:
-                return max(known, key=lambda w: (self._count(w), w))
+                return max(known, key=lambda w: (self._count(w), w)), None
         if "jumble" in self.fixes and len(squeezed) >= 4 and _jumble_key(squeezed) in self._jumbles:
-            return self._jumbles[_jumble_key(squeezed)]
-        limit = 1 if len(squeezed) <= 3 else self.max_edit_distance
-        found = self._candidates(squeezed, limit)
+            return self._jumbles[_jumble_key(squeezed)], None
+        return None, (squeezed, 1 if len(squeezed) <= 3 else self.max_edit_distance)
+
+    def _from_closest(self, low: str, squeezed: str, found: tuple) -> str | tuple | None:
+        """_correct's answer from the closest words `found` of `squeezed` (_candidates)."""
         if self._confused:  # the closest words, then those a learned confusion reaches: the neighbours choose
             seen = {term for term, _ in found}
             found += tuple(item for item in self._learned(squeezed) if item[0] not in seen)
@@ -291,33 +537,62 @@ class SpellRepair:
                 start = word.find(written, start + 1)
         return tuple(found.items())
 
-    def _candidates(self, word: str, limit: int) -> tuple[tuple[str, int], ...]:
-        """(term, count) of the closest words within `limit` of the dictionary and the training vocabulary."""
-        found = [(f.term, f.distance, f.count) for sym in (self._sym, self._extra) if sym is not None
-                 for f in sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
-        nearest = min((d for _, d, _ in found), default=0)
-        return tuple((term, count) for term, d, count in found if d == nearest)
+    def _candidates(self, queries: list[tuple[str, int]]) -> list[tuple[tuple[str, int], ...]]:
+        """For each (word, limit): (term, count) of the closest words within `limit` of the dictionary and the
+        training vocabulary, the dictionary's first (searched in one batch: _closest), each in symspellpy's lookup
+        order: by count, equal counts in its search's order, which only its search knows; so symspellpy answers
+        when counts tie (vocabulary words all share one) among the nearest (the ones kept)."""
+        searched = [(sym, _closest(sym, index, queries)) for sym, index in self._dictionaries]
+        out = []
+        for q, (word, limit) in enumerate(queries):
+            hits = [(sym, found[q]) for sym, found in searched if found[q][1]]
+            nearest = min((distance for _, (distance, _, _) in hits), default=0)
+            found = []
+            for sym, (distance, items, tied) in hits:
+                if distance == nearest:
+                    found += _lookup(sym, word, limit)[1] if tied else items
+            out.append(tuple(found))
+        return out
 
-    def _pair(self, first: str, second: str) -> float:
-        """Bigram count in the shipped list, else what independence predicts, capped at the list's cut."""
-        n = self._pairs.get(f"{first} {second}")
-        if n is not None:
-            return n
-        expected = self._scale * self._count(first) * self._count(second) / self._total
-        return max(min(expected, self._floor), 1.0)
+    def _prepared(self, found: tuple) -> tuple:
+        """found's (term, count), each with what _ranked needs of it whatever the neighbours: its count for the
+        independence estimate, log n and log(scale n) (n: the count, at least 1), scale * count."""
+        out, scale, counts, extra = [], self._scale, self._words, self.extra_words
+        for term, count in found:
+            raw = EXTRA_COUNT if term in extra else counts.get(term, 0)  # _count
+            n = max(raw, 1)
+            out.append((term, count, raw, math.log(n), math.log(scale * n), scale * raw))
+        return tuple(out)
 
     def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
-        """The candidate most probable between its neighbours, P(w | before) P(after | w) (neighbours that are
-        not known words count as absent); ties: frequency, then lookup order.
+        """The candidate (of _prepared's `found`) most probable between its neighbours, P(w | before) P(after | w)
+        (neighbours that are not known words count as absent); ties: frequency, then lookup order.
         Written here because symspellpy ranks by distance and frequency only (its compound lookup uses bigrams
-        but rewrites spacing and is too slow: module docstring)."""
-        def score(item):  # log P(w | before) + log P(after | w), without the terms all candidates share
-            index, (term, count) = item
-            n = max(self._count(term), 1)
-            left = math.log(self._pair(before, term) if before else n)
-            right = math.log(self._pair(term, after)) - math.log(self._scale * n) if after else 0.0
-            return left + right, count, -index
-        return max(enumerate(found), key=score)[1][0]
+        but rewrites spacing and is too slow: module docstring). A pair's count is the shipped bigram count, else what
+        independence predicts (scale * count(first) * count(second) / total), capped at the list's cut and floored at 1;
+        written out in the loop (it runs for every candidate), the operations in this order (same floats)."""
+        pairs, total, floor, log = self._pairs, self._total, self._floor, math.log
+        before_scale = self._scale * self._count(before) if before else 0.0
+        after_count = self._count(after) if after else 0
+        left_key, right_key = f"{before} ", f" {after}"
+        best, best_score, best_count = None, None, None
+        for term, count, raw, log_n, log_scale_n, scale_raw in found:
+            # log P(w | before) + log P(after | w), without the terms all candidates share
+            if before:
+                n = pairs.get(left_key + term)
+                left = log(n if n is not None else max(min(before_scale * raw / total, floor), 1.0))
+            else:
+                left = log_n
+            if after:
+                n = pairs.get(term + right_key)
+                right = log(n if n is not None else max(min(scale_raw * after_count / total, floor), 1.0)) - log_scale_n
+            else:
+                right = 0.0
+            score = left + right
+            # max of (score, count, -position): a later candidate wins only by a higher score or, equal, count
+            if best is None or score > best_score or (score == best_score and count > best_count):
+                best, best_score, best_count = term, score, count
+        return best
 
     def _neighbour(self, word: str | None) -> str | None:
         """A context word for _ranked: a known word with a count, lower-cased, or None."""
@@ -326,24 +601,58 @@ class SpellRepair:
         low = word.lower()
         return low if self._count(low) > 0 else None
 
-    def _resolve(self, word: str) -> str | tuple[str, tuple]:
-        """A token's repair, or (its spelling, equally close candidates) when its neighbours choose (_in_context)."""
-        if not _CANDIDATE.fullmatch(word):
-            return word
-        if not _plain_case(word) and "case" in self.fixes:
-            word = self._case_typo(word)
+    def _to_correct(self, token: str) -> str | None:
+        """The token as it is corrected (shift-key slips undone), or None when it is left as written."""
+        if not _CANDIDATE.fullmatch(token):
+            return None
+        word = self._case_typo(token) if not _plain_case(token) and "case" in self.fixes else token
         if not _plain_case(word):
-            return word  # mixed case: a deliberate spelling (iPod, SanDisk)
+            return None  # mixed case: a deliberate spelling (iPod, SanDisk)
         if word.isupper() and len(word) <= _ACRONYM_MAX:
-            return word  # DVD, USB, HDMI: acronyms, which the dictionary lacks (it would make DID, US, HOME)
+            return None  # DVD, USB, HDMI: acronyms, which the dictionary lacks (it would make DID, US, HOME)
+        return word
+
+    def _resolve(self, token: str) -> str | tuple[str, tuple]:
+        """A token's repair, or (its spelling, equally close candidates) when its neighbours choose (_in_context)."""
+        word = self._to_correct(token)
+        if word is None:
+            return token
         low = word.lower()
         try:
             fixed = self._cache[low]
         except KeyError:
-            fixed = _remember(self._cache, low, self._correct(low))
-        if isinstance(fixed, tuple):
-            return word, fixed
-        return word if fixed is None else _recase(word, fixed)
+            fixed = self._remember_word(low, self._correct(low))
+        return _resolved(word, fixed)
+
+    def _remember_word(self, low: str, fixed: str | tuple | None):
+        """Caches _correct's answer for `low` (candidates prepared for _ranked); returns what was cached."""
+        return _remember(self._cache, low, self._prepared(fixed) if isinstance(fixed, tuple) else fixed)
+
+    def _prefetch(self, tokens: Iterable[str]) -> None:
+        """Resolves the new `tokens` ahead of repair's loop, as _resolve would, but with all the closest-word
+        searches of their words in one batch (_DeleteIndex.closest: a few array operations for all of them)."""
+        words: dict[str, str] = {}  # token -> its word to correct
+        searches: dict[str, tuple[str, int]] = {}  # word (lower case) -> (word to search, edit limit)
+        for token in tokens:
+            word = self._to_correct(token)
+            if word is None:
+                _remember(self._tokens, token, token)
+                continue
+            words[token] = word
+            low = word.lower()
+            if low not in self._cache and low not in searches:
+                fixed, search = self._without_search(low)
+                if search is None:
+                    self._remember_word(low, fixed)
+                else:
+                    searches[low] = search
+        queries = list(dict.fromkeys(searches.values()))
+        found = dict(zip(queries, self._candidates(queries))) if queries else {}
+        for low, search in searches.items():
+            self._remember_word(low, self._from_closest(low, search[0], found[search]))
+        for token, word in words.items():
+            fixed = self._cache.get(word.lower(), _MISSING)  # missing: the bounded cache was cleared meanwhile
+            _remember(self._tokens, token, self._resolve(token) if fixed is _MISSING else _resolved(word, fixed))
 
     def _in_context(self, resolved: tuple[str, tuple], before: str | None, after: str | None) -> str:
         """The candidate of `resolved` (_resolve) most probable between the repaired left and the written right
@@ -368,10 +677,18 @@ class SpellRepair:
 
     def repair(self, text: str) -> str:
         """The text with its misspelled words replaced; everything else unchanged."""
-        # parts alternate gap, word, gap, ..., gap. Left to right, so a word's left neighbour is already repaired;
-        # neighbours count only across spaces. Each distinct token is resolved once (_tokens), so a known word
-        # costs one dict lookup; only words whose equally close candidates tie on distance look at neighbours.
-        parts = _SPLIT.split(text)
+        return self.repair_all([text])[0]
+
+    def repair_all(self, texts: list[str]) -> list[str]:
+        split = [_SPLIT.split(t) for t in texts]  # each: gap, word, gap, ..., gap
+        tokens = self._tokens
+        self._prefetch({token for parts in split for token in parts[1::2] if token not in tokens})
+        return [self._repaired(parts) for parts in split]
+
+    def _repaired(self, parts: list[str]) -> str:
+        """The text of _SPLIT's `parts` repaired. Left to right, so a word's left neighbour is already repaired;
+        neighbours count only across spaces. Each distinct token is resolved once (_tokens), so a known word costs
+        one dict lookup; only words whose equally close candidates tie on distance look at neighbours."""
         tokens, last = self._tokens, len(parts) - 2
         for i in range(1, len(parts), 2):
             token = parts[i]
@@ -383,9 +700,6 @@ class SpellRepair:
                                          parts[i + 2] if i < last and parts[i + 1].isspace() else None)
             parts[i] = fixed
         return "".join(parts)
-
-    def repair_all(self, texts: list[str]) -> list[str]:
-        return [self.repair(t) for t in texts]
 
     __call__ = repair_all
 
