@@ -247,7 +247,7 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
     def ttt_with(overrides: dict) -> list:
         """One predictor per mask seed: the settings with TTTConfig seed k, k in mask_seeds."""
         def at(k: int):
-            cfg_ = TTTConfig(**(overrides | {"seed": k}))
+            cfg_ = TTTConfig(**(overrides | {"seed": k, "signal_every": 0}))  # no probes: the served speed
 
             def ttt(texts_):
                 engine = build_engine("masked_ttt", model, tok, cfg_)

@@ -195,7 +195,8 @@ class Scorer:
         from ttt_pipeline.config import TTTConfig
 
         self.args = args
-        self.base = TTTConfig(batch_size=args.batch_size)
+        # no held-out probes (ttt.signal_every): the speeds here are those of a served model
+        self.base = TTTConfig(batch_size=args.batch_size, signal_every=0)
         self.vocabulary = vocabulary
         self._repairs: dict[str, object] = {}
 

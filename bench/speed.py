@@ -187,7 +187,8 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
 def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.ndarray:
     from ttt_pipeline.evaluation.scoring import predict_texts
 
-    return predict_texts(model, tok, texts, method, cfg.ttt, cfg.model.max_length, cfg.ttt.batch_size, "cpu",
+    served = cfg.ttt.model_copy(update={"signal_every": 0})  # no held-out probes: a served model's speed
+    return predict_texts(model, tok, texts, method, served, cfg.model.max_length, cfg.ttt.batch_size, "cpu",
                          repairs=repairs)
 
 

@@ -106,7 +106,7 @@ def evaluate_model(model, tok, data: dict, args, store: dict) -> dict:
     from ttt_pipeline.config import TTTConfig
     from ttt_pipeline.evaluation.signal import mlm_quality
 
-    base = TTTConfig(batch_size=args.batch_size)
+    base = TTTConfig(batch_size=args.batch_size, signal_every=0)  # probes only where scored below
     val = {k: v for k, v in data["val_sets"].items() if k in ("clean", "tutorial-3")}
     name, _ = choose_ttt(Scorer(args, []), model, tok, val, args.candidates)
     settings = base.model_copy(update=args.candidates[name])
