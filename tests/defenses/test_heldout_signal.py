@@ -8,12 +8,15 @@ import math
 import pandas as pd
 import pytest
 import torch
-from defenses.conftest import RECIPE_TEXTS
 
 from ttt_pipeline.defenses.base import TTTSettings
 from ttt_pipeline.defenses.masked_ttt import HELDOUT_DRAW, MaskedTTT
 from ttt_pipeline.evaluation.signal import changed_share, heldout_fields, mlm_quality, signal_headline
 from ttt_pipeline.modeling.model import special_token_ids
+
+# not imported from the folder's conftest: a `defenses` import here would shadow bench/defenses.py for the benches
+TEXTS = ["the battery died after two days and support never answered my emails",
+         "great little speaker , loud and clear", "terrible"]
 
 
 def _engine(tiny_clf, **kw):
@@ -23,7 +26,7 @@ def _engine(tiny_clf, **kw):
 
 def test_mlm_quality_is_a_deterministic_perplexity_on_the_sets_own_text(tiny_clf):
     model, tok = tiny_clf
-    texts = RECIPE_TEXTS * 3
+    texts = TEXTS * 4
     q = mlm_quality(model, tok, texts, 48, 4, "cpu", seed=0)
     assert q == mlm_quality(model, tok, texts, 48, 5, "cpu", seed=0)  # row-hash masks: batch size plays no part
     assert q["mlm_perplexity"] == pytest.approx(math.exp(q["mlm_loss"]))
