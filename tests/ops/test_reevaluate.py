@@ -285,3 +285,28 @@ def test_reevaluate_without_a_champion_exits_non_zero_with_a_clear_message(setup
     assert code == 2 and s["verdict"] == "no_champion" and s["event"]["name"] == "ttt.nightly.no-champion"
     assert "error: registered model 'empty-registry' has no version at alias 'champion'" in cap.err
     assert "hint: run the ttt-pipeline deployment once" in cap.err
+
+
+def test_training_predictions_read_the_champions_pipeline_run(monkeypatch):
+    """The paired baseline of a first night: the predictions of the pipeline run above the champion's run
+    (its `parent_run_id` tag, else the run's MLflow parent). Errors there are swallowed by design (a deleted run
+    has no baseline), so this pins the lookups themselves."""
+    from types import SimpleNamespace
+
+    from ttt_pipeline.flows import reevaluate
+
+    calls = []
+
+    class Client:
+        def get_run(self, run_id):
+            calls.append(run_id)
+            return SimpleNamespace(info=SimpleNamespace(run_id=run_id),
+                                   data=SimpleNamespace(tags={"mlflow.parentRunId": "pipeline-1"}))
+
+    monkeypatch.setattr("ttt_pipeline.io.runs.run_predictions", lambda client, run: ("predictions", run.info.run_id))
+    tracker = SimpleNamespace(client=Client())
+    assert reevaluate.training_predictions(tracker, SimpleNamespace(tags={}, run_id="fine-tune-1")) == (
+        "predictions", "pipeline-1")
+    assert calls == ["fine-tune-1", "pipeline-1"]
+    tagged = SimpleNamespace(tags={"parent_run_id": "pipeline-2"}, run_id="fine-tune-2")
+    assert reevaluate.training_predictions(tracker, tagged) == ("predictions", "pipeline-2")

@@ -145,8 +145,8 @@ def training_predictions(tracker: Tracker, mv):
     parent = (mv.tags or {}).get("parent_run_id")
     try:
         if not parent:
-            parent = tracker.client.getrun_task(mv.run_id).data.tags.get("mlflow.parentRunId")
-        return run_predictions(tracker.client, tracker.client.getrun_task(parent)) if parent else None
+            parent = tracker.client.get_run(mv.run_id).data.tags.get("mlflow.parentRunId")
+        return run_predictions(tracker.client, tracker.client.get_run(parent)) if parent else None
     except Exception:  # a deleted run, an older run without predictions: no paired baseline
         return None
 

@@ -158,7 +158,7 @@ def _wait(flow_run_ids: list, timeout_s: float, poll_s: float = 2.0) -> list:
     with get_client(sync_client=True) as client:
         while True:
             for fid in [k for k, v in pending.items() if v is None]:
-                fr = client.read_flowrun_task(fid)
+                fr = client.read_flow_run(fid)
                 if fr.state is not None and fr.state.is_final():
                     pending[fid] = fr
             if all(v is not None for v in pending.values()):
