@@ -247,16 +247,26 @@ def _explained(qf, qs, wf, ws, same_f, same_s, k: int) -> np.ndarray:
     return keep
 
 
-def _within1(a: str, b: str) -> bool:
-    """Damerau OSA distance of a and b at most 1 (symspellpy's measure; tested against it exhaustively)."""
+def _aligned(a: str, b: str, k: int) -> tuple[str, str, int, int, int] | None:
+    """(shorter, longer, their lengths, length of their common prefix), or None when the lengths alone put them
+    more than k edits apart: the start both distance checks share."""
     la, lb = len(a), len(b)
     if la > lb:
         a, b, la, lb = b, a, lb, la
-    if lb - la > 1:
-        return False
+    if lb - la > k:
+        return None
     i = 0
     while i < la and a[i] == b[i]:
         i += 1
+    return a, b, la, lb, i
+
+
+def _within1(a: str, b: str) -> bool:
+    """Damerau OSA distance of a and b at most 1 (symspellpy's measure; tested against it exhaustively)."""
+    found = _aligned(a, b, 1)
+    if found is None:
+        return False
+    a, b, la, lb, i = found
     if la < lb:
         return a[i:] == b[i + 1:]  # one insertion
     return (i == la or a[i + 1:] == b[i + 1:]  # equal, or one substitution
@@ -265,14 +275,10 @@ def _within1(a: str, b: str) -> bool:
 
 def _within2(a: str, b: str) -> bool:
     """Damerau OSA distance at most 2: the first difference is one edit, and the rest is within 1."""
-    la, lb = len(a), len(b)
-    if la > lb:
-        a, b, la, lb = b, a, lb, la
-    if lb - la > 2:
+    found = _aligned(a, b, 2)
+    if found is None:
         return False
-    i = 0
-    while i < la and a[i] == b[i]:
-        i += 1
+    a, b, la, lb, i = found
     if i == la:
         return True  # b is a with up to 2 letters added
     rest_a, rest_b = a[i + 1:], b[i + 1:]

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from ttt_pipeline.defenses.base import RowHashMasker, trim_padding
+from ttt_pipeline.evaluation.robustness import TTT_METHOD
 from ttt_pipeline.modeling.model import special_token_ids
 from ttt_pipeline.modeling.tokenize import encode_texts
 from ttt_pipeline.modeling.train import make_collate
 
 QUALITY_MASK_PROB = 0.15  # BERT's pre-training rate: perplexities comparable with published heads
-TTT_METHOD = "masked_ttt"
 
 
 def mlm_quality(model, tokenizer, texts: list[str], max_length: int, batch_size: int, device, seed: int = 0,
