@@ -111,7 +111,7 @@ class TutorialClassifier(nn.Module):
 
 
 def tutorial_train(seed: int, texts: list[str], labels: list[int], num_classes: int, epochs: int,
-                   warmup_steps: int) -> tuple:
+                   warmup_steps: int, device: str = "cpu") -> tuple:
     """The tutorial's training on one seed: (model, tokenizer, collate, figures). Padding to 128 tokens, the MLM
     head on every forward, AdamW 1e-4, linear schedule, weighted sampler, as torch-ttt's notebook does."""
     from torch.utils.data import DataLoader, WeightedRandomSampler
@@ -124,11 +124,12 @@ def tutorial_train(seed: int, texts: list[str], labels: list[int], num_classes: 
     counts = np.bincount(labels, minlength=num_classes)
     inv = 1.0 / np.maximum(counts, 1)
     weights = torch.tensor(inv / inv.sum(), dtype=torch.float32)
-    model = TutorialClassifier(mlm.bert, mlm.cls, num_classes, weights)
+    model = TutorialClassifier(mlm.bert, mlm.cls, num_classes, weights).to(device)
 
-    def collate(batch):
+    def collate(batch):  # on `device`: the tutorial moves each batch to its device
         enc = tok([b[0] for b in batch], padding="max_length", truncation=True, max_length=128, return_tensors="pt")
-        return enc["input_ids"], enc["attention_mask"], torch.tensor([b[1] for b in batch])
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device), torch.tensor([b[1] for b in batch],
+                                                                                          device=device)
 
     rows = list(zip(texts, labels))
     gen = torch.Generator().manual_seed(seed)
@@ -166,7 +167,8 @@ def _tutorial_warmup(mlm, tok, rows, collate, gen, special, steps: int) -> tuple
     for _ in range(steps):
         idx = torch.randint(len(rows), (32,), generator=gen).tolist()
         ids, am, _ = collate([rows[i] for i in idx])
-        mask = (torch.rand(ids.shape, generator=gen) < 0.15) & ~torch.isin(ids, torch.tensor(special))
+        mask = ((torch.rand(ids.shape, generator=gen) < 0.15).to(ids.device)
+                & ~torch.isin(ids, torch.tensor(special, device=ids.device)))
         with torch.no_grad():
             hidden = mlm.bert(input_ids=ids.masked_fill(mask, tok.mask_token_id), attention_mask=am).last_hidden_state
         loss = F.cross_entropy(mlm.cls(hidden)[mask], ids[mask])

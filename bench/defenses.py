@@ -188,6 +188,11 @@ def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bo
 
 
 # ------------------------------------------------------------------------------------------------- scoring
+def model_device(model) -> torch.device:
+    """Where `finetune` left the model (finetune.device auto: CUDA when present): scoring runs there too."""
+    return next(model.parameters()).device
+
+
 class Scorer:
     """Scores one model under methods; repairs (the spelling dictionary) are built once for the whole bench."""
 
@@ -218,7 +223,7 @@ class Scorer:
         repairs = self.repairs(method)  # built once per bench (the dictionary's load is not per-review work)
         t0 = time.perf_counter()
         logits = predict_texts(model, tok, texts, method, settings, self.args.max_length, self.args.batch_size,
-                               repairs=repairs)
+                               model_device(model), repairs=repairs)
         wall = time.perf_counter() - t0
         return (logits.argmax(-1) == np.asarray(labels)).astype(float), wall
 

@@ -108,7 +108,7 @@ def train_ours(data: dict, args):
 
     cfg = load_config(data["preset"])
     ft = cfg.finetune.model_copy(update={"epochs": args.epochs, "early_stopping_patience": 0, "seed": args.seed,
-                                         "mlm_warmup_max_steps": args.warmup_steps})
+                                         "mlm_warmup_max_steps": args.warmup_steps, "device": args.device})
     torch.manual_seed(args.seed)
     model, tok = build_classifier(cfg.model, [str(i) for i in range(data["classes"])])
     ds = lengths_dataset(tok, data["train"][0], cfg.model.max_length, label=data["train"][1])
@@ -164,7 +164,7 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
     """Both recipes on the same reviews: speedup, clean accuracies and their paired difference; our model."""
     rss_reset()
     tut, ttok, collate, tut_res = tutorial_train(args.seed, *data["train"], data["classes"], args.epochs,
-                                                 args.warmup_steps)
+                                                 args.warmup_steps, args.device)
     tut_rss = rss_peak_mb()
     test_t, test_y = data["test"]
     tut_right = np.array(tutorial_predict(tut, collate, test_t)) == np.array(test_y)
@@ -179,7 +179,7 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
                                        "tutorial": round(tut_res["train_samples_per_s"], 2)},
                "clean_acc": {"recipe": float(ours_right.mean()), "tutorial": float(tut_right.mean())},
                "clean_delta": {k: getattr(delta, k) for k in ("delta", "ci_low", "ci_high", "n")},
-               "precision": resolve_precision("cpu", cfg.finetune.precision).name,
+               "precision": resolve_precision(args.device, cfg.finetune.precision).name,
                "rss": {"finetune_tutorial": tut_rss, "finetune": ours_rss}}
     return figures, (model, tok, cfg)
 
@@ -188,8 +188,8 @@ def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.
     from ttt_pipeline.evaluation.scoring import predict_texts
 
     served = cfg.ttt.model_copy(update={"signal_every": 0})  # no held-out probes: a served model's speed
-    return predict_texts(model, tok, texts, method, served, cfg.model.max_length, cfg.ttt.batch_size, "cpu",
-                         repairs=repairs)
+    return predict_texts(model, tok, texts, method, served, cfg.model.max_length, cfg.ttt.batch_size,
+                         next(model.parameters()).device, repairs=repairs)
 
 
 def scoring_figures(trained, data: dict, args) -> dict:
@@ -309,6 +309,8 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=200, help="serving requests (one review each)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-serve", action="store_true", help="skip the model server")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both recipes train and the model scores (the spelling repair runs on the CPU)")
     args = p.parse_args(argv)
     if args.quick:
         args.train_size, args.test_size, args.epochs = min(args.train_size, 64), min(args.test_size, 48), 1
@@ -333,7 +335,8 @@ def main(argv=None) -> None:
     out["peak_rss_mb"] = {**ft["rss"], **scoring["rss"]}
     out["settings"] = {k: getattr(args, k) for k in ("epochs", "warmup_steps", "repeats", "requests", "seed",
                                                       "quick")} | {"model": MODEL}
-    out["machine"] = machine_summary()
+    out["machine"] = machine_summary() | {"device": args.device, "gpu": torch.cuda.get_device_name(0)
+                                                                        if args.device == "cuda" else None}
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out, default=float) if args.json else json.dumps(out, indent=1, default=float))
 

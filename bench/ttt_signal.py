@@ -22,7 +22,12 @@ Data as bench/defenses.py (MDSD electronics, 4 classes; `--split-seed`; validati
 sets clean, the tutorial composite at severity 3 (`tutorial-3`, `--test-seed`), and kitchen/books (`--shift-size`).
 TTT settings: per model, the candidate (`--ttt-candidates`) with the best masked_ttt accuracy on the corrupted
 validation reviews (tutorial composite, seed `--val-seed`, mask seed 0); test reviews never enter the choice.
-Differences are paired per review and pooled over training and mask seeds (paired_difference).
+Differences are paired per review and pooled over training and mask seeds (paired_difference). Where CUDA is
+present the models train there (finetune.device auto) and are scored where they were trained.
+
+Selection rule for the aim (written before any full run): the configuration (head, mode) whose validation margin
+`val_margin` (masked TTT's accuracy minus the better of none and mask_ensemble, on the corrupted validation reviews,
+mask seed 0, mean over training seeds) is largest; its test row decides. `chosen` in the output names it.
 
 Output (`--json`: the last stdout line): rows {head, mode, perplexity, perplexity_corrupted, mlm_top1,
 heldout_change, ttt_vs_none, ttt_vs_control, control_vs_none, shift_ttt_vs_none (each {delta, ci_low, ci_high,
@@ -47,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from accuracy import log  # noqa: E402
-from defenses import MDSD, Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
+from defenses import MDSD, Scorer, add_data_arguments, build_data, choose_ttt, diff, model_device, train_model  # noqa: E402  (one data recipe for both benches)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
          "warmup": lambda a: {"mlm_warmup_max_steps": a.warmup_steps},
@@ -60,7 +65,8 @@ def score(model, tok, method: str, texts, labels, settings, args) -> tuple[np.nd
     """(0/1 correctness per review, masked TTT's held-out (before, after) pairs)."""
     from ttt_pipeline.evaluation.scoring import score_texts
 
-    logits, stats = score_texts(model, tok, texts, method, settings, args.max_length, args.batch_size)
+    logits, stats = score_texts(model, tok, texts, method, settings, args.max_length, args.batch_size,
+                                model_device(model))
     return (logits.argmax(-1) == np.asarray(labels)).astype(float), stats.get("heldout", [])
 
 
@@ -81,12 +87,12 @@ def grad_cosines(model, tok, texts, labels, settings, args) -> list[float]:
     model.eval()
     for i in range(0, len(rows), args.batch_size):
         b = collate(rows[i:i + args.batch_size])
-        ids, am = b["input_ids"], b["attention_mask"]
-        y = torch.as_tensor(labels[i:i + args.batch_size])
+        ids, am = b["input_ids"].to(engine.device), b["attention_mask"].to(engine.device)
+        y = torch.as_tensor(labels[i:i + args.batch_size], device=engine.device)
         ctx = engine.prepare(ids, am, 0)
         if ctx is None:
             continue
-        g_mlm = torch.autograd.grad(engine.chunk_loss(ids, am, torch.arange(len(ids)), ctx), params,
+        g_mlm = torch.autograd.grad(engine.chunk_loss(ids, am, torch.arange(len(ids), device=ids.device), ctx), params,
                                     allow_unused=True)
         g_ce = torch.autograd.grad(F.cross_entropy(model(ids, am).float(), y), params, allow_unused=True)
         flat = [torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(gs, params)])
@@ -110,9 +116,11 @@ def evaluate_model(model, tok, data: dict, args, store: dict) -> dict:
     val = {k: v for k, v in data["val_sets"].items() if k in ("clean", "tutorial-3")}
     name, _ = choose_ttt(Scorer(args, []), model, tok, val, args.candidates)
     settings = base.model_copy(update=args.candidates[name])
+    vseed = settings.model_copy(update={"seed": args.mask_seeds[0]})
+    val_acc = {m: float(score(model, tok, m, *val["tutorial-3"], vseed, args)[0].mean()) for m in METHODS}
     clean, bad = data["test_sets"]["clean"], data["test_sets"]["tutorial-3"]
-    q = mlm_quality(model, tok, clean[0], args.max_length, args.batch_size, "cpu")
-    q_bad = mlm_quality(model, tok, bad[0], args.max_length, args.batch_size, "cpu")
+    q = mlm_quality(model, tok, clean[0], args.max_length, args.batch_size, model_device(model))
+    q_bad = mlm_quality(model, tok, bad[0], args.max_length, args.batch_size, model_device(model))
     pairs = []
     for method in METHODS:
         for seed in (args.mask_seeds if method != "none" else [None]):
@@ -125,7 +133,7 @@ def evaluate_model(model, tok, data: dict, args, store: dict) -> dict:
     gains = batch_gains(store[("masked_ttt", "tutorial-3")][-len(args.mask_seeds)],
                         store[("none", "tutorial-3")][-1], args.batch_size)
     return {"perplexity": q["mlm_perplexity"], "perplexity_corrupted": q_bad["mlm_perplexity"],
-            "mlm_top1": q["mlm_top1"], "ttt_settings": name, "cosines": cos, "gains": gains,
+            "mlm_top1": q["mlm_top1"], "ttt_settings": name, "cosines": cos, "gains": gains, "val": val_acc,
             "heldout_change": float(np.mean([a - b for b, a in pairs])) if pairs else None}
 
 
@@ -152,7 +160,9 @@ def row(head: str, mode: str, store: dict, figures: list[dict], shift: list[str]
            "ttt_vs_control": diff(mat("mask_ensemble", ["tutorial-3"]), mat("masked_ttt", ["tutorial-3"]), kw),
            "control_vs_none": diff(mat("none", ["tutorial-3"]), mat("mask_ensemble", ["tutorial-3"]), kw),
            "grad_cosine": float(np.mean(cos)) if cos else None, "grad_cosine_vs_gain": spearman(cos, gains),
-           "ttt_settings": sorted({f["ttt_settings"] for f in figures})}
+           "ttt_settings": sorted({f["ttt_settings"] for f in figures}),
+           "val_margin": float(np.mean([min(f["val"]["masked_ttt"] - f["val"]["none"],
+                                            f["val"]["masked_ttt"] - f["val"]["mask_ensemble"]) for f in figures]))}
     if shift:
         out["shift_ttt_vs_none"] = diff(mat("none", shift), mat("masked_ttt", shift), kw)
     return out
@@ -174,6 +184,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ttt-candidates", nargs="+", default=["tutorial", "lr=1e-4", "mask_prob=0.15,lr=1e-4"],
                    metavar="K=V[,K=V]", help="TTT settings chosen on validation (`tutorial`: the ttt.* defaults)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--partial-json", help="after each training seed, write the report over the seeds done so far here")
     args = p.parse_args()
     if args.quick:
         args.seeds, args.mask_seeds, args.epochs = args.seeds[:1], args.mask_seeds[:1], 1
@@ -187,8 +198,15 @@ def candidates(specs: list[str]) -> dict[str, dict]:
     """`tutorial` -> {}; `lr=1e-4,mask_prob=0.15` -> {"lr": 0.0001, "mask_prob": 0.15} (YAML values)."""
     import yaml
 
-    return {s: ({} if s == "tutorial" else {k: yaml.safe_load(v) for k, v in (kv.split("=", 1)
-                                                                         for kv in s.split(","))}) for s in specs}
+    from ttt_pipeline.config import TTTConfig
+
+    out = {}
+    for spec in specs:
+        raw = {} if spec == "tutorial" else {k: yaml.safe_load(v) for k, v in (kv.split("=", 1)
+                                                                            for kv in spec.split(","))}
+        # validated and typed as the config does (YAML 1.1 reads `1e-4` as a string; model_copy would keep it)
+        out[spec] = TTTConfig(**raw).model_dump(include=set(raw))
+    return out
 
 
 def main() -> None:
@@ -215,20 +233,13 @@ def main() -> None:
                 figures.append(evaluate_model(model, tok, data, args, store))
                 log(f"[bench] {head}/{mode} seed {seed}: train {info['train_s']:.0f} s, perplexity "
                     f"{figures[-1]['perplexity']:.1f}")
+                if args.partial_json:  # the rows over the seeds done so far: a run cut short keeps them
+                    now = {**row(head, mode, store, figures, data["shift"], kw), "seeds_done": len(figures)}
+                    out = report([*rows, now], args, time.perf_counter() - t0)
+                    Path(args.partial_json).write_text(json.dumps(out, default=str))
             rows.append(row(head, mode, store, figures, data["shift"], kw))
             log(f"[bench] {head}/{mode}: ttt vs control {rows[-1]['ttt_vs_control']['delta'] * 100:+.2f} points")
-    report(rows, args, time.perf_counter() - t0)
-
-
-def report(rows: list[dict], args, wall: float) -> None:
-    deltas = [r["ttt_vs_control"]["delta"] for r in rows]
-    out = {"rows": rows, "wall_s": wall,
-           "dose_response": {"n_rows": len(rows),
-                             "spearman_gain_vs_perplexity": spearman([r["perplexity"] for r in rows], deltas),
-                             "spearman_gain_vs_cosine": spearman([r["grad_cosine"] or 0.0 for r in rows], deltas)},
-           "settings": {k: v for k, v in vars(args).items() if k != "candidates"},
-           "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": args.threads,
-                       "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}}
+    out = report(rows, args, time.perf_counter() - t0)
     for r in rows:
         t, c = r["ttt_vs_none"], r["ttt_vs_control"]
         log(f"{r['head']:>7} {r['mode']:>14}  ppl {r['perplexity']:8.1f}  cos {r['grad_cosine'] or 0:+.3f}  "
@@ -236,6 +247,21 @@ def report(rows: list[dict], args, wall: float) -> None:
             f"ttt-control {c['delta'] * 100:+.2f} [{c['ci_low'] * 100:+.2f}, {c['ci_high'] * 100:+.2f}]")
     if args.json:
         print(json.dumps(out, default=str))
+
+
+def report(rows: list[dict], args, wall: float) -> dict:
+    best = max(rows, key=lambda r: r["val_margin"]) if rows else None  # the docstring's selection rule
+    deltas = [r["ttt_vs_control"]["delta"] for r in rows]
+    out = {"rows": rows, "wall_s": wall,
+           "chosen": {k: best[k] for k in ("head", "mode", "val_margin")} if best else None,
+           "dose_response": {"n_rows": len(rows),
+                             "spearman_gain_vs_perplexity": spearman([r["perplexity"] for r in rows], deltas),
+                             "spearman_gain_vs_cosine": spearman([r["grad_cosine"] or 0.0 for r in rows], deltas)},
+           "settings": {k: v for k, v in vars(args).items() if k != "candidates"},
+           "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": args.threads,
+                       "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
+    return out
 
 
 if __name__ == "__main__":

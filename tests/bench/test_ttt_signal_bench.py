@@ -34,3 +34,18 @@ def test_quick_signal_bench_rows(mdsd_dir):
     # two DAPT epochs on the training reviews read them better than a one-step warm-up
     assert rows[("dapt", "full")]["perplexity"] < rows[("weak", "full")]["perplexity"]
     assert out["dose_response"]["n_rows"] == 4 and out["machine"]["cpu_capability"]
+    # the selection rule of the docstring: the row with the largest validation margin
+    best = max(out["rows"], key=lambda r: r["val_margin"])
+    assert out["chosen"] == {"head": best["head"], "mode": best["mode"], "val_margin": best["val_margin"]}
+
+
+def test_candidates_are_typed_as_the_config_types_them(monkeypatch):
+    """YAML 1.1 reads `1e-4` as a string; the candidates go through TTTConfig (the H100 run found it)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from ttt_signal import candidates
+
+    got = candidates(["tutorial", "lr=1e-4", "mask_prob=0.15,lr=1e-4"])
+    assert got == {"tutorial": {}, "lr=1e-4": {"lr": 1e-4}, "mask_prob=0.15,lr=1e-4": {"mask_prob": 0.15, "lr": 1e-4}}
+    assert isinstance(got["lr=1e-4"]["lr"], float)
+    with pytest.raises(ValueError):  # pydantic's ValidationError: an unknown knob fails, it is not dropped
+        candidates(["no_such_knob=1"])
