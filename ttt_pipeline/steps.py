@@ -143,7 +143,8 @@ def unlabeled_texts(cfg: PipelineConfig) -> list[str]:
 
 
 def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: StepStore,
-             progress: Progress | None = None) -> StepOutput:
+             progress: Progress | None = None, parallel=None) -> StepOutput:
+    """`parallel`: this rank's DataParallel in a data-parallel job (tasks/distributed.py), else None."""
     import torch
     from datasets import load_from_disk
 
@@ -178,7 +179,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                                                 cfg.finetune.augment)
                 augmented.update(aug.summary())
             return model, tokenizer, train(model, tokenizer, train_ds, ds["validation"] if "validation" in ds
-                                           else None, ft, wd, progress, unlabeled)
+                                           else None, ft, wd, progress, unlabeled, parallel)
 
         chosen = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
         log.info("fine-tuning precision %s: %s", chosen.name, chosen.reason)

@@ -19,7 +19,6 @@ Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -122,14 +121,6 @@ class DataParallel:
                 offset += n
 
 
-def ddp_finetune(model, tokenizer, train_ds, val_ds, cfg, work_dir: Path, progress=None, unlabeled_ds=None):
-    """`train.finetune` on every rank of the current process group, data-parallel."""
-    from ttt_pipeline.modeling import train
-
-    return train.finetune(model, tokenizer, train_ds, val_ds, cfg, work_dir, progress, unlabeled_ds,
-                          parallel=DataParallel())
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The fine-tune step under torchrun.
 
@@ -151,21 +142,12 @@ def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple
                                 "see the log above; set TTT_NPROC_PER_NODE=1 to fine-tune on one device")
 
 
-def _threads_per_rank() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("TTT_DDP_LOCAL_WORLD", "1"))))
-
-
 def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
     """This rank's part of the fine-tune step of JOB.json (config, data, tokens): rank 0 writes the step output;
     `dump_weights` (diagnostics) makes each rank save its final weights and batch count to DIR/rank<R>.pt."""
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig
     from ttt_pipeline.io.remote_store import open_store
-    from ttt_pipeline.modeling import train
     from ttt_pipeline.storage import StepOutput, StepStore
 
     cuda = torch.cuda.is_available()
@@ -196,11 +178,9 @@ def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
             shutil.copytree(ckpt, scratch / "finetune" / f"{key}.work")
     dist.barrier()
 
-    parallel = DataParallel()
-    train.set_threads = lambda: torch.set_num_threads(_threads_per_rank()) or _threads_per_rank()
-    train.finetune = functools.partial(train.finetune, parallel=parallel)  # steps.finetune looks it up per call
+    parallel = DataParallel()  # modeling.train.set_threads gives each rank its share of the cores (LOCAL_WORLD_SIZE)
     try:
-        out = steps.finetune(cfg, data, tokens, store)
+        out = steps.finetune(cfg, data, tokens, store, parallel=parallel)
         if dump_weights is not None:
             dump_weights.mkdir(parents=True, exist_ok=True)  # the trained model in memory (rank > 0 saves
             weights = {k: v.detach().cpu().clone() for k, v in parallel.model.state_dict().items()}  # no files)
