@@ -37,24 +37,24 @@ def char_swap(text: str, rate: float, rng: random.Random) -> Result:
     return "".join(u), len(chosen), len(cands)
 
 
-def char_drop(text: str, rate: float, rng: random.Random) -> Result:
-    """Delete characters (the tutorial's drop)."""
+def _each_chosen(text: str, rate: float, rng: random.Random, edit) -> Result:
+    """Replace each chosen non-space unit by edit(unit): the draws of drop and repeat (one helper, same draws)."""
     u = units(text)
     cands = _solid(u)
     chosen = pick(rng, cands, edit_count(rate, len(cands), rng))
     for i in chosen:
-        u[i] = ""
+        u[i] = edit(u[i])
     return "".join(u), len(chosen), len(cands)
+
+
+def char_drop(text: str, rate: float, rng: random.Random) -> Result:
+    """Delete characters (the tutorial's drop)."""
+    return _each_chosen(text, rate, rng, lambda c: "")
 
 
 def char_repeat(text: str, rate: float, rng: random.Random) -> Result:
     """Double characters (the tutorial's repeat)."""
-    u = units(text)
-    cands = _solid(u)
-    chosen = pick(rng, cands, edit_count(rate, len(cands), rng))
-    for i in chosen:
-        u[i] = u[i] * 2
-    return "".join(u), len(chosen), len(cands)
+    return _each_chosen(text, rate, rng, lambda c: c * 2)
 
 
 _LOWER = string.ascii_lowercase
