@@ -106,7 +106,7 @@ def train_ours(data: dict, args):
     from ttt_pipeline.modeling.tokenize import lengths_dataset
     from ttt_pipeline.modeling.train import finetune
 
-    cfg = load_config(data["preset"])
+    cfg = load_config(data["preset"], args.set)
     ft = cfg.finetune.model_copy(update={"epochs": args.epochs, "early_stopping_patience": 0, "seed": args.seed,
                                          "mlm_warmup_max_steps": args.warmup_steps, "device": args.device})
     torch.manual_seed(args.seed)
@@ -309,6 +309,8 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=200, help="serving requests (one review each)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-serve", action="store_true", help="skip the model server")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the recipe's preset, as `ttt-pipeline run --set` (e.g. finetune.num_workers=0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both recipes train and the model scores (the spelling repair runs on the CPU)")
     args = p.parse_args(argv)
@@ -333,7 +335,7 @@ def main(argv=None) -> None:
     serve = {} if args.no_serve else serve_figures(trained, data, args)
     out.update({k: v for k, v in {**ft, **scoring}.items() if k != "rss"}, **serve)
     out["peak_rss_mb"] = {**ft["rss"], **scoring["rss"]}
-    out["settings"] = {k: getattr(args, k) for k in ("epochs", "warmup_steps", "repeats", "requests", "seed",
+    out["settings"] = {k: getattr(args, k) for k in ("epochs", "warmup_steps", "repeats", "requests", "seed", "set",
                                                       "quick")} | {"model": MODEL}
     out["machine"] = machine_summary() | {"device": args.device, "gpu": torch.cuda.get_device_name(0)
                                                                         if args.device == "cuda" else None}
