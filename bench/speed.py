@@ -48,7 +48,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import MDSD, MODEL, load_domain, log, tutorial_train  # noqa: E402
+from accuracy import tutorial_train  # noqa: E402
+from common import MDSD, MODEL, load_domain, log  # noqa: E402
 
 from ttt_pipeline.config import load_config  # noqa: E402
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402

@@ -125,7 +125,7 @@ def pool_check(variants: list[str], severity: int) -> dict:
     """The `--pool train` check (module docstring): each variant (`base`, or fixes joined by `+`) on 700
     training-pool reviews, tutorial composite and keyboard, seed 1000, vocabulary of the next 700 reviews."""
     sys.path.insert(0, str(REPO / "bench"))
-    from accuracy import load_domain
+    from common import load_domain
 
     texts, _ = load_domain("electronics")
     pool = texts[:int(0.8 * len(texts))]

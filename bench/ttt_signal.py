@@ -51,8 +51,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from accuracy import log  # noqa: E402
-from defenses import MDSD, Scorer, add_data_arguments, build_data, choose_ttt, diff, model_device, train_model  # noqa: E402  (one data recipe for both benches)
+from common import MDSD, log, model_device  # noqa: E402
+from defenses import Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
          "warmup": lambda a: {"mlm_warmup_max_steps": a.warmup_steps},
