@@ -198,13 +198,7 @@ class Scorer:
     def repairs(self, method: str) -> list:
         from ttt_pipeline.defenses import registry
 
-        out = []
-        for r in registry.parse(method).repairs:
-            if r not in self._repairs:
-                self._repairs[r] = registry.build_repairs(registry.Method(r, (r,), "none"), self.base,
-                                                          {"vocabulary": self.vocabulary})[0]
-            out.append(self._repairs[r])
-        return out
+        return registry.build_repairs(method, self.base, {"vocabulary": self.vocabulary}, self._repairs)
 
     def run(self, model, tok, method: str, texts: list[str], labels: list[int], settings) -> tuple[np.ndarray, float]:
         """(0/1 correctness per review, wall seconds) of `method` under TTTConfig `settings`."""

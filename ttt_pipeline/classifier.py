@@ -146,18 +146,14 @@ class Classifier:
         """The method's text repairs, built once per setting (a spelling dictionary loads in seconds)."""
         from ttt_pipeline.defenses import registry
 
-        fixes = []
+        use_vocab = ttt.spell_vocabulary == "train" and self.vocabulary is not None
+        key = (ttt.spell_max_edit_distance, use_vocab)
         for r in registry.parse(name).repairs:
-            use_vocab = ttt.spell_vocabulary == "train" and self.vocabulary is not None
-            key = (r, ttt.spell_max_edit_distance, use_vocab)
-            if key not in self._repair_cache:
-                if ttt.spell_vocabulary == "train" and self.vocabulary is None:
-                    log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
-                                self.source or "classifier", r)
-                context = {"vocabulary": self.vocabulary} if use_vocab else {}
-                self._repair_cache[key] = registry.build_repairs(registry.Method(r, (r,), "none"), ttt, context)[0]
-            fixes.append(self._repair_cache[key])
-        return fixes
+            if (r, *key) not in self._repair_cache and ttt.spell_vocabulary == "train" and self.vocabulary is None:
+                log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
+                            self.source or "classifier", r)
+        context = {"vocabulary": self.vocabulary} if use_vocab else {}
+        return registry.build_repairs(name, ttt, context, self._repair_cache, key)
 
     def prepare(self, method: str | None = None, **overrides) -> "Classifier":
         """Build what a method needs before the first call (spell's dictionary loads in seconds); returns self."""

@@ -376,12 +376,7 @@ def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
         context["vocabulary"] = train_texts()
     cache: dict = {}
     for m in methods:
-        fixes = []
-        for r in m.repairs:
-            if r not in cache:
-                cache[r] = registry.build_repairs(registry.Method(r, (r,), "none"), cfg.ttt, context)[0]
-            fixes.append(cache[r])
-        built[m.name] = fixes
+        built[m.name] = registry.build_repairs(m, cfg.ttt, context, cache)
     return built
 
 

@@ -93,6 +93,14 @@ def build_engine(method: Method | str, model, tokenizer, settings):
     return None if entry.module is None else _module(entry).build(model, tokenizer, settings)
 
 
-def build_repairs(method: Method | str, settings, context: dict | None = None) -> list[Callable]:
+def build_repairs(method: Method | str, settings, context: dict | None = None, cache: dict | None = None,
+                  key: tuple = ()) -> list[Callable]:
+    """The method's text repairs. With `cache`, each repair is built once per (name, *key) and reused: a spelling
+    dictionary loads in seconds, so the pipeline, the Classifier and the benches build it once for many sets."""
     m = parse(method) if isinstance(method, str) else method
-    return [_module(REPAIRS[r]).build(settings, context or {}) for r in m.repairs]
+    if cache is None:
+        return [_module(REPAIRS[r]).build(settings, context or {}) for r in m.repairs]
+    for r in m.repairs:
+        if (r, *key) not in cache:
+            cache[(r, *key)] = _module(REPAIRS[r]).build(settings, context or {})
+    return [cache[(r, *key)] for r in m.repairs]
