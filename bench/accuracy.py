@@ -55,7 +55,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import DIFF_FIELDS, MDSD, MODEL, RATING, SHIFT, load_domain, log, seed_all  # noqa: E402,F401
+from common import DIFF_FIELDS, MDSD, MODEL, RATING, SHIFT, load_domain, log, seed_all, skipped_without_mdsd  # noqa: E402,F401
 
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
@@ -462,9 +462,7 @@ def main() -> None:
     if args.mask_seeds < 1:
         p.error("--mask-seeds needs N >= 1")
     mask_seeds = list(range(args.mask_seeds))
-    if not (MDSD / "electronics" / "positive.review").is_file():
-        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
-        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+    if skipped_without_mdsd():
         return
     if args.quick:
         args.seeds, args.epochs, args.train_size, args.test_size, args.shift_size = args.seeds[:1], 1, 64, 32, 32

@@ -7,6 +7,7 @@ tests import the benches with bench/ prepended the same way.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -31,16 +32,26 @@ def log(*a) -> None:
 
 
 def have_mdsd() -> bool:
+    """Whether the MDSD reviews are where the benches read them."""
     return (MDSD / "electronics" / "positive.review").is_file()
 
 
-def load_domain(name: str, seed: int = 42, folder: Path = MDSD) -> tuple[list[str], list[int]]:
+def skipped_without_mdsd() -> bool:
+    """Where the reviews are absent, say so (and a JSON last line a test can read) and tell the bench to stop."""
+    if have_mdsd():
+        return False
+    print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
+    print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+    return True
+
+
+def load_domain(name: str, seed: int = 42) -> tuple[list[str], list[int]]:
     """One MDSD domain's reviews, whitespace squeezed, shuffled with `seed` (42: the split every bench used until
     session 17); labels by RATING."""
     from ttt_pipeline.data.labels import canonical
     from ttt_pipeline.data.readers import read_mdsd_folder
 
-    df = read_mdsd_folder(folder / name)
+    df = read_mdsd_folder(MDSD / name)
     rows = [(" ".join(t.split()), RATING[canonical(r)]) for t, r in zip(df["text"], df["rating"])]
     random.Random(seed).shuffle(rows)
     return [t for t, _ in rows], [y for _, y in rows]

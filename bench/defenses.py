@@ -96,7 +96,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import DIFF_FIELDS, MDSD, MODEL, load_domain, log, model_device, seed_all  # noqa: E402,F401  (one reader for all benches)
+from common import DIFF_FIELDS, MDSD, MODEL, load_domain, log, model_device, seed_all, skipped_without_mdsd  # noqa: E402,F401  (one reader for all benches)
 
 DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
             "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
@@ -451,9 +451,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--partial-json", help="after each training seed, write the report over the seeds done so far here")
     args = p.parse_args()
-    if not (MDSD / "electronics" / "positive.review").is_file():
-        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
-        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+    if skipped_without_mdsd():
         return
     if args.quick:
         args.seeds, args.mask_seeds, args.epochs = args.seeds[:1], args.mask_seeds[:1], 1

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from common import MDSD, load_domain  # noqa: E402
+from common import load_domain, skipped_without_mdsd  # noqa: E402
 from defenses import Scorer, train_model  # noqa: E402
 
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
@@ -77,9 +77,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup-steps", type=int, default=400)
     args = p.parse_args()
-    if not (MDSD / "electronics" / "positive.review").is_file():
-        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
-        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+    if skipped_without_mdsd():
         return
     t0 = time.perf_counter()
     texts, labels = load_domain("electronics", args.split_seed)

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import tutorial_train  # noqa: E402
-from common import MDSD, MODEL, load_domain, log  # noqa: E402
+from common import MODEL, have_mdsd, load_domain, log, model_device  # noqa: E402
 
 from ttt_pipeline.config import load_config  # noqa: E402
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
@@ -72,7 +72,7 @@ def rss_peak_mb() -> float | None:
 
 def load_data(args) -> dict:
     """Train and test reviews with labels, and the corrupted copy of the test reviews."""
-    if (MDSD / "electronics" / "positive.review").is_file() and not args.demo:
+    if have_mdsd() and not args.demo:
         texts, labels = load_domain("electronics", 42)
         cut = int(0.8 * len(texts))
         train, test = (texts[:cut], labels[:cut]), (texts[cut:], labels[cut:])
@@ -190,7 +190,7 @@ def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.
 
     served = cfg.ttt.model_copy(update={"signal_every": 0})  # no held-out probes: a served model's speed
     return predict_texts(model, tok, texts, method, served, cfg.model.max_length, cfg.ttt.batch_size,
-                         next(model.parameters()).device, repairs=repairs)
+                         model_device(model), repairs=repairs)
 
 
 def scoring_figures(trained, data: dict, args) -> dict:

@@ -51,7 +51,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import MDSD, log, model_device  # noqa: E402
+from common import log, model_device, skipped_without_mdsd  # noqa: E402
 from defenses import Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
@@ -114,10 +114,11 @@ def evaluate_model(model, tok, data: dict, args, store: dict) -> dict:
 
     base = TTTConfig(batch_size=args.batch_size, signal_every=0)  # probes only where scored below
     val = {k: v for k, v in data["val_sets"].items() if k in ("clean", "tutorial-3")}
-    name, _ = choose_ttt(Scorer(args, []), model, tok, val, args.candidates)
-    settings = base.model_copy(update=args.candidates[name])
-    vseed = settings.model_copy(update={"seed": args.mask_seeds[0]})
-    val_acc = {m: float(score(model, tok, m, *val["tutorial-3"], vseed, args)[0].mean()) for m in METHODS}
+    name, vscores = choose_ttt(Scorer(args, []), model, tok, val, args.candidates)
+    settings = base.model_copy(update=args.candidates[name])  # mask seed 0 (TTTConfig's), as choose_ttt scores
+    val_acc = {"masked_ttt": vscores[name]} if vscores else {}  # choose_ttt has scored the chosen one already
+    for m in METHODS:
+        val_acc.setdefault(m, float(score(model, tok, m, *val["tutorial-3"], settings, args)[0].mean()))
     clean, bad = data["test_sets"]["clean"], data["test_sets"]["tutorial-3"]
     q = mlm_quality(model, tok, clean[0], args.max_length, args.batch_size, model_device(model))
     q_bad = mlm_quality(model, tok, bad[0], args.max_length, args.batch_size, model_device(model))
@@ -211,9 +212,7 @@ def candidates(specs: list[str]) -> dict[str, dict]:
 
 def main() -> None:
     args = parse_args()
-    if not (MDSD / "electronics" / "positive.review").is_file():
-        print(f"SKIP: MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")
-        print(json.dumps({"skipped": True, "reason": f"no data at {MDSD}"}))
+    if skipped_without_mdsd():
         return
     torch.set_num_threads(args.threads)
     args.candidates = candidates(args.ttt_candidates)

@@ -148,10 +148,11 @@ class Classifier:
 
         use_vocab = ttt.spell_vocabulary == "train" and self.vocabulary is not None
         key = (ttt.spell_max_edit_distance, use_vocab)
-        for r in registry.parse(name).repairs:
-            if (r, *key) not in self._repair_cache and ttt.spell_vocabulary == "train" and self.vocabulary is None:
-                log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
-                            self.source or "classifier", r)
+        if ttt.spell_vocabulary == "train" and not use_vocab:  # said once per repair, when it is built
+            for r in registry.parse(name).repairs:
+                if (r, *key) not in self._repair_cache:
+                    log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
+                                self.source or "classifier", r)
         context = {"vocabulary": self.vocabulary} if use_vocab else {}
         return registry.build_repairs(name, ttt, context, self._repair_cache, key)
 
