@@ -132,13 +132,12 @@ def mlm_loss(model: ReviewClassifier, input_ids, attention_mask, mask, mask_toke
     return model.mlm_cross_entropy(hidden, input_ids, mask)
 
 
-def optimizer_step(loss, opt, scaler, params, max_grad_norm: float | None, sync=None) -> None:
-    """One step: backward (scaled: fp16 gradients underflow unscaled; a no-op scaler otherwise), the
-    data-parallel gradient `sync`, optional clipping of the unscaled gradients, then the optimizer."""
+def optimizer_step(loss, opt, scaler, params, max_grad_norm: float | None) -> None:
+    """One step: backward (scaled: fp16 gradients underflow unscaled; a no-op scaler otherwise; under
+    DistributedDataParallel the backward also averages the gradients across ranks), optional clipping of the
+    unscaled gradients, then the optimizer."""
     opt.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    if sync is not None:
-        sync()
     if max_grad_norm is not None:
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -284,6 +283,48 @@ def _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds,
         result.dapt_curve = dapt(model, tokenizer, mlm_ds, cfg, device, progress, amp)
 
 
+class TrainingLoss(torch.nn.Module):
+    """One batch's training loss as a module: the cross-entropy, plus mlm_weight x the MLM loss of a masked copy
+    of the batch when training is joint. The whole loss is computed in `forward`, as the Hugging Face Trainer
+    does, so that data-parallel training wraps this module in DistributedDataParallel: the MLM term's pass
+    through the encoder is part of the wrapped forward, and the reducer averages every gradient it produces."""
+
+    def __init__(self, model: ReviewClassifier, tokenizer, cfg, joint: bool, amp: torch.dtype | None,
+                 gen: torch.Generator, loss_w: torch.Tensor | None, compiled: torch.nn.Module | None = None):
+        super().__init__()
+        self.model = model
+        # torch.compile'd classifier (cfg.compile) for the plain forward; held unregistered, as its parameters
+        # are the model's own
+        object.__setattr__(self, "_classify", model if compiled is None else compiled)
+        self.cfg, self.joint, self.amp, self.gen, self.loss_w = cfg, joint, amp, gen, loss_w
+        self.special, self.mask_id = special_token_ids(tokenizer), tokenizer.mask_token_id
+
+    def _mask(self, ids, am) -> torch.Tensor:
+        return mlm_mask(ids.cpu(), am.cpu(), self.special, self.cfg.mlm_prob, self.gen).to(ids.device)
+
+    def forward(self, ids, am, y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to step on, its cross-entropy part, its MLM part or None when not joint); the parts detached."""
+        model, cfg = self.model, self.cfg
+        m_loss = None
+        with torch.autocast(ids.device.type, dtype=self.amp, enabled=self.amp is not None):
+            if self.joint and cfg.joint_passes == 1:
+                mask = self._mask(ids, am)
+                hidden = model.encode(ids.masked_fill(mask, self.mask_id), am)
+                # the classifier pools over the unmasked tokens only: mean pooling would otherwise average in
+                # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
+                logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
+                loss = F.cross_entropy(logits.float(), y, weight=self.loss_w)
+                m_loss = model.mlm_cross_entropy(hidden, ids, mask)
+            else:
+                loss = F.cross_entropy(self._classify(ids, am).float(), y, weight=self.loss_w)
+                if self.joint:
+                    m_loss = mlm_loss(model, ids, am, self._mask(ids, am), self.mask_id)
+            ce = loss.detach()
+            if m_loss is not None:
+                loss = loss + cfg.mlm_weight * m_loss
+        return loss, ce, None if m_loss is None else m_loss.detach()
+
+
 @dataclass
 class _Loop:
     """What the classification epochs share: the objects a checkpoint saves and restores."""
@@ -299,7 +340,7 @@ class _Loop:
     weights: torch.Tensor
     gen: torch.Generator
     scaler: torch.amp.GradScaler
-    fwd_model: object
+    batch_loss: torch.nn.Module  # the TrainingLoss; under `parallel`, its DistributedDataParallel wrapper
     joint: bool
     steps_total: int
     start_epoch: int = 0
@@ -326,7 +367,9 @@ def trainable_parameters(model, mode: str) -> list[torch.nn.Parameter]:
 
 def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop:
     """AdamW (no decay on biases and norms) over the mode's trainable parameters, the class-weighted
-    length-grouped sampler, the linear warm-up and decay schedule, the mask generator and the gradient scaler."""
+    length-grouped sampler, the batch loss (`TrainingLoss`, with its mask generator), the linear warm-up and
+    decay schedule and the gradient scaler. `parallel.prepare` wraps the loss in DistributedDataParallel and
+    shards the sampler; only a frozen (not joint) alignment leaves trainable parameters (the MLM head's) unused."""
     params = trainable_parameters(model, cfg.mode)
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -338,17 +381,19 @@ def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop
     sampler = WeightedLengthGroupedBatches(
         weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
         cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
+    joint = cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
+    gen = torch.Generator().manual_seed(cfg.seed + 303)
+    batch_loss = TrainingLoss(model, tokenizer, cfg, joint, amp, gen,
+                              weights.to(device) if cfg.class_weighted_loss else None,
+                              torch.compile(model) if cfg.compile else None)
     if parallel is not None:
-        sampler = parallel.shard(sampler, model)
+        batch_loss, sampler = parallel.prepare(batch_loss, sampler, find_unused_parameters=not joint)
     steps_total = cfg.epochs * len(sampler)
     warm = int(cfg.warmup_ratio * steps_total)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
-    joint = cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
-    gen = torch.Generator().manual_seed(cfg.seed + 303)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)  # fp16 gradients underflow unscaled
-    fwd_model = torch.compile(model) if cfg.compile else model
-    return _Loop(model, tokenizer, cfg, device, amp, opt, sched, sampler, weights, gen, scaler, fwd_model, joint,
+    return _Loop(model, tokenizer, cfg, device, amp, opt, sched, sampler, weights, gen, scaler, batch_loss, joint,
                  steps_total)
 
 
@@ -374,51 +419,23 @@ def _resume(loop: _Loop, resume: dict, work_dir: Path, result: TrainResult) -> N
     log.info("resuming fine-tuning after epoch %d", loop.start_epoch)
 
 
-def _batch_loss(loop: _Loop, ids, am, y, special: list[int], loss_w) -> tuple[torch.Tensor, float, float]:
-    """(loss to step on, its cross-entropy part, its MLM part) for one batch under the configured alignment."""
-    model, cfg, tok = loop.model, loop.cfg, loop.tokenizer
-    m_loss = None
-    with torch.autocast(loop.device.type, dtype=loop.amp, enabled=loop.amp is not None):
-        if loop.joint and cfg.joint_passes == 1:
-            mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, loop.gen).to(loop.device)
-            hidden = model.encode(ids.masked_fill(mask, tok.mask_token_id), am)
-            # the classifier pools over the unmasked tokens only: mean pooling would otherwise average in
-            # [MASK] states that clean test inputs never have (the masking is then plain token dropout)
-            logits = model.classify_hidden(hidden, am.masked_fill(mask, 0))
-            loss = F.cross_entropy(logits.float(), y, weight=loss_w)
-            m_loss = model.mlm_cross_entropy(hidden, ids, mask)
-        else:
-            loss = F.cross_entropy(loop.fwd_model(ids, am).float(), y, weight=loss_w)
-            if loop.joint:
-                mask = mlm_mask(ids.cpu(), am.cpu(), special, cfg.mlm_prob, loop.gen).to(loop.device)
-                m_loss = mlm_loss(model, ids, am, mask, tok.mask_token_id)
-        ce = loss.item()
-        mlm = 0.0
-        if loop.joint:
-            mlm = m_loss.item()
-            loss = loss + cfg.mlm_weight * m_loss
-    return loss, ce, mlm
-
-
-def _train_epoch(loop: _Loop, epoch: int, train_ds, workers: int, progress, parallel) -> dict:
+def _train_epoch(loop: _Loop, epoch: int, train_ds, workers: int, progress) -> dict:
     """One pass over the sampler's batches; the epoch's history row (losses, lr, speed)."""
     model, cfg, device = loop.model, loop.cfg, loop.device
     model.train()
     if cfg.mode == "frozen_encoder":
         model.mlm_model.eval()  # a fixed feature extractor: no dropout in the frozen body
     loop.sampler.set_epoch(epoch)
-    special = special_token_ids(loop.tokenizer)
-    loss_w = loop.weights.to(device) if cfg.class_weighted_loss else None
-    sync = None if parallel is None else (lambda: parallel.sync_gradients(model))
     t0 = time.perf_counter()
     ce_sum = mlm_sum = 0.0
     nb = 0
     for bi, batch in enumerate(_loader(train_ds, loop.sampler, make_collate(loop.tokenizer), workers)):
         ids, am, y = (batch[k].to(device, non_blocking=True) for k in ("input_ids", "attention_mask", "labels"))
-        loss, ce, mlm = _batch_loss(loop, ids, am, y, special, loss_w)
-        ce_sum += ce
-        mlm_sum += mlm
-        optimizer_step(loss, loop.opt, loop.scaler, model.parameters(), cfg.max_grad_norm, sync)
+        loss, ce, mlm = loop.batch_loss(ids, am, y)
+        ce_sum += ce.item()
+        if mlm is not None:
+            mlm_sum += mlm.item()
+        optimizer_step(loss, loop.opt, loop.scaler, model.parameters(), cfg.max_grad_norm)
         loop.sched.step()
         nb += 1
         loop.seen += len(y)
@@ -471,9 +488,10 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     Phases: MLM alignment (`_align`, a fresh run only), the training objects (`_build_loop`), a resumed state
     (`_resume`), then per epoch `_train_epoch` and `_end_epoch` (validation, best weights, checkpoint).
 
-    `parallel` (optional, ttt_pipeline.tasks.distributed.DataParallel) makes the classification epochs data-parallel:
-    `parallel.shard(sampler, model)` gives this rank its share of the batches (and starts every rank from rank
-    0's weights), `parallel.sync_gradients(model)` averages the gradients after each backward."""
+    `parallel` (optional, ttt_pipeline.tasks.distributed.DataParallel) makes the classification epochs
+    data-parallel: `parallel.prepare(loss_module, sampler)` wraps the batch loss (`TrainingLoss`) in
+    DistributedDataParallel, which starts every rank from rank 0's weights and averages the gradients during
+    each backward, and gives this rank its share of the batches."""
     set_threads()
     device = pick_device(cfg.device)
     amp = autocast_dtype(device, cfg.precision)  # first: an impossible precision fails before any work
@@ -491,7 +509,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
         _resume(loop, resume, work_dir, result)
     workers = cfg.num_workers if cfg.num_workers is not None else default_workers(len(train_ds))
     for epoch in range(loop.start_epoch, cfg.epochs):
-        row = _train_epoch(loop, epoch, train_ds, workers, progress, parallel)
+        row = _train_epoch(loop, epoch, train_ds, workers, progress)
         if _end_epoch(loop, epoch, row, val_ds, work_dir, result):
             result.stopped_early = True
             break

@@ -1,16 +1,18 @@
-"""Data-parallel fine-tuning on one multi-GPU worker (torchrun), around the unchanged `train.finetune`.
+"""Data-parallel fine-tuning on one multi-GPU worker (torchrun): `train.finetune` under DistributedDataParallel.
 
-Each of the N processes (one per GPU; gloo on CPU for tests) trains on its own 1/N of every epoch's batches
-and the gradients are averaged after each backward, exactly what DistributedDataParallel does; every rank
-starts from rank 0's weights, so all ranks stay identical and rank 0 writes the step output. The effective
-batch is N x finetune.batch_size and the learning-rate schedule counts each rank's (N times fewer) steps.
-
-Why not wrap the model in `torch.nn.parallel.DistributedDataParallel`: joint training adds an MLM loss that
-goes through the encoder outside the classifier's forward, and the MLM head gets no gradient at all in
-`frozen` mode; DDP's reducer needs every gradient to come from its own forward, so it would either hang or
-fail there. Averaging coalesced gradient buckets after backward is DDP's arithmetic without that constraint.
-The MLM-head warm-up and DAPT before the epochs run unsharded on every rank; `shard` then broadcasts rank 0's
-weights so that any difference (GPU non-determinism) is gone before the first synchronised step.
+Each of the N processes (one per GPU; gloo on CPU for tests) calls the ordinary `steps.finetune(...,
+parallel=DataParallel())`. Its classification epochs compute each batch's whole training loss in one module,
+`train.TrainingLoss` (cross-entropy, plus mlm_weight x the MLM loss when joint: the Hugging Face Trainer's way
+of putting the loss inside the model's forward), and `DataParallel.prepare` wraps that module in
+`torch.nn.parallel.DistributedDataParallel`: its construction broadcasts rank 0's weights and buffers, and its
+reducer averages the gradients during each backward. The MLM term's pass through the encoder is part of the
+wrapped forward, so the reducer sees all of it; only a frozen (not joint) alignment leaves trainable parameters
+without a gradient (the MLM head), and only then is `find_unused_parameters` on (those keep no gradient, as in
+single-process training). Each rank trains on its own 1/N of every epoch's batches (`ShardedBatches`), so all
+ranks stay identical and rank 0 writes the step output. The effective batch is N x finetune.batch_size and the
+learning-rate schedule counts each rank's (N times fewer) steps. The MLM-head warm-up and DAPT before the
+epochs run unsharded on every rank; wrapping then broadcasts rank 0's weights, so any difference (GPU
+non-determinism) is gone before the first synchronised step.
 
 Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
     torchrun --standalone --nproc-per-node N -m ttt_pipeline.cli.distributed finetune JOB.json
@@ -30,9 +32,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Sampler
-
-BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size
 
 
 class ShardedBatches(Sampler[list[int]]):
@@ -62,63 +63,25 @@ class ShardedBatches(Sampler[list[int]]):
 
 
 class DataParallel:
-    """The `parallel` hooks of train.finetune for an initialised process group."""
+    """The `parallel` argument of train.finetune for an initialised process group (as accelerate's `prepare`)."""
 
     def __init__(self):
         if not dist.is_initialized():
             raise RuntimeError("DataParallel needs torch.distributed.init_process_group() first")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.batches_seen = 0
-        self.model: torch.nn.Module | None = None
+        self.module: torch.nn.Module | None = None  # the unwrapped loss module (train.TrainingLoss)
 
-    def shard(self, sampler, model: torch.nn.Module):
-        self.model = model
-        self.broadcast_weights(model)
-        return ShardedBatches(sampler, self.rank, self.world)
+    def prepare(self, module: torch.nn.Module, sampler, find_unused_parameters: bool = False):
+        """(`module` in DistributedDataParallel, this rank's share of `sampler`'s batches). Wrapping broadcasts
+        rank 0's parameters and buffers. `module`'s inputs are already on its device, hence no device_ids."""
+        self.module = module
+        ddp = DistributedDataParallel(module, find_unused_parameters=find_unused_parameters)
+        ddp.register_forward_pre_hook(self._count)
+        return ddp, ShardedBatches(sampler, self.rank, self.world)
 
-    @torch.no_grad()
-    def broadcast_weights(self, model: torch.nn.Module) -> None:
-        for t in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(t.data, src=0)
-
-    @torch.no_grad()
-    def sync_gradients(self, model: torch.nn.Module) -> None:
-        """All-reduce the mean gradient, in coalesced buckets. A parameter that got a gradient on any rank gets
-        one on every rank (zeros where it had none); one that got none anywhere keeps None, so the optimizer
-        skips it exactly as in single-process training."""
+    def _count(self, *_) -> None:
         self.batches_seen += 1
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            return
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=params[0].device)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        live = [p for p, h in zip(params, has.tolist()) if h]
-        for p in live:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        bucket, size = [], 0
-        for p in live:
-            bucket.append(p)
-            size += p.grad.numel() * p.grad.element_size()
-            if size >= BUCKET_BYTES:
-                self._reduce(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._reduce(bucket)
-
-    def _reduce(self, params: list[torch.nn.Parameter]) -> None:
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-        for p in params:
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in group])
-            dist.all_reduce(flat)
-            flat /= self.world
-            offset = 0
-            for p in group:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                offset += n
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,8 +145,9 @@ def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
     try:
         out = steps.finetune(cfg, data, tokens, store, parallel=parallel)
         if dump_weights is not None:
-            dump_weights.mkdir(parents=True, exist_ok=True)  # the trained model in memory (rank > 0 saves
-            weights = {k: v.detach().cpu().clone() for k, v in parallel.model.state_dict().items()}  # no files)
+            dump_weights.mkdir(parents=True, exist_ok=True)  # the trained model in memory (rank > 0 saves no files)
+            model = parallel.module.model
+            weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
             torch.save({"weights": weights, "batches": parallel.batches_seen, "world": parallel.world,
                         "history": json.loads((Path(out.path) / "history.json").read_text())},
                        dump_weights / f"rank{rank}.pt")
