@@ -74,13 +74,12 @@ def grad_cosines(model, tok, texts, labels, settings, args) -> list[float]:
     """Per test batch: cos(grad of TTT's first-step MLM loss, grad of the cross-entropy) over TTT's parameters."""
     import torch.nn.functional as F
 
-    from ttt_pipeline.defenses.base import settings_from_config
     from ttt_pipeline.defenses.masked_ttt import MaskedTTT
     from ttt_pipeline.modeling.model import special_token_ids
     from ttt_pipeline.modeling.tokenize import encode_texts
     from ttt_pipeline.modeling.train import make_collate
 
-    engine = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), settings_from_config(settings))
+    engine = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), settings)
     params, collate = engine.params, make_collate(tok)
     rows = [{"input_ids": ids} for ids in encode_texts(tok, list(texts), args.max_length)["input_ids"]]
     out = []

@@ -11,6 +11,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ttt_pipeline.config import PipelineConfig  # noqa: E402
 
 
+def rows(section, prefix: str) -> list[str]:
+    """One table row per field; a defense's own section (`ttt.spell`) as rows `ttt.spell.<knob>`."""
+    out = []
+    for key, f in section.model_fields.items():
+        if hasattr(f.annotation, "model_fields"):
+            out += rows(f.annotation, f"{prefix}{key}.")
+            continue
+        desc = (f.description or "").replace("|", "/")
+        out.append(f"| `{prefix}{key}` | `{json.dumps(f.default)}` | {desc} |")
+    return out
+
+
 def render() -> str:
     out = ["# Configuration reference", "",
            "One pydantic model, `ttt_pipeline.config.PipelineConfig`, is the flow parameter (the Prefect UI "
@@ -25,10 +37,7 @@ def render() -> str:
         ann = field.annotation
         if hasattr(ann, "model_fields"):
             out += [f"## {name}", "", field.description or "", "", "| key | default | meaning |", "|---|---|---|"]
-            for key, f in ann.model_fields.items():
-                desc = (f.description or "").replace("|", "/")
-                out.append(f"| `{name}.{key}` | `{json.dumps(f.default)}` | {desc} |")
-            out.append("")
+            out += rows(ann, f"{name}.") + [""]
         else:
             out += [f"## {name}", "", f"`{name}` (default `{field.default}`): {field.description or ''}", ""]
     return "\n".join(out)

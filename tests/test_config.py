@@ -186,3 +186,26 @@ def test_dot_slash_paths_in_a_config_file_start_at_that_file(tmp_path, monkeypat
     assert cfg.data.test_path == "reviews/b.csv"  # no `./`: from the current folder, as on the command line
     assert cfg.data.shift == {"kitchen": str(project / "reviews" / "k.csv")}
     assert load_config(None, ["data.path=./x.csv"]).data.path == "./x.csv"  # --set: the current folder
+
+
+def test_each_defense_owns_a_section_of_ttt():
+    """`ttt.<defense>.<knob>` from the defense's own Settings (collected by the registry); flat names elsewhere."""
+    from ttt_pipeline.classifier import known_settings
+    from ttt_pipeline.config import TTTConfig, flatten, nest
+    from ttt_pipeline.defenses import registry
+
+    assert set(registry.settings_types()) == {"spell", "dedupe", "tent", "masked_ttt_anchored"}
+    cfg = load_config("demo", ["ttt.spell.max_edit_distance=1", "ttt.tent.lr=1e-3"])
+    assert (cfg.ttt.spell.max_edit_distance, cfg.ttt.tent.lr, cfg.ttt.tent.steps) == (1, 1e-3, 1)
+    flat = flatten(cfg.ttt)
+    assert flat["spell.max_edit_distance"] == 1 and flat["masked_ttt_anchored.kl_budget"] == 0.005
+    assert TTTConfig.model_validate(nest(flat)) == cfg.ttt
+    with pytest.raises(ConfigError, match="'ttt.spell_max_edit_distance': moved to ttt.spell.max_edit_distance"):
+        load_config("demo", ["ttt.spell_max_edit_distance=1"])
+    with pytest.raises(ConfigError, match="'ttt.tent.rate': unknown field"):
+        load_config("demo", ["ttt.tent.rate=1"])
+    with pytest.raises(ConfigError, match="ttt.spell.max_edit_distance"):
+        load_config("demo", ["ttt.spell.max_edit_distance=9"])
+    # a model logged before the move keeps its settings under the new names
+    assert known_settings({"method": "spell", "spell_max_edit_distance": 1, "anchor_kl_budget": 0.1}, "old") == {
+        "method": "spell", "spell.max_edit_distance": 1, "masked_ttt_anchored.kl_budget": 0.1}

@@ -7,7 +7,7 @@ under any defense (`none`, `spell`, `masked_ttt`, `spell+masked_ttt`, ...).
     # [{"label": "5", "probability": 0.61, "probabilities": {"1": 0.02, ..., "5": 0.61}}]
 
 The inference configuration is a flat dict: `method` plus the scalar `ttt.*` settings (mask_prob, steps, lr,
-seed, batch_size, spell_max_edit_distance, ...; `INFERENCE_FIELDS`). A logged MLflow Model stores it as its
+seed, batch_size, spell.max_edit_distance, tent.lr, ...; `inference_fields`). A logged MLflow Model stores it as its
 model config; every call may override any of it. Predictions go through `evaluate.predict_texts`, the code the
 evaluate step scores with, so the same texts in the same batches give the evaluate step's numbers.
 
@@ -44,29 +44,37 @@ OLD_LOADER_MODULES = ("ttt_pipeline.mlflow_model",)
 
 
 def inference_fields() -> dict[str, str]:
-    """The scalar `ttt.*` settings a caller may set per request: name -> MLflow param type."""
+    """The scalar `ttt.*` settings a caller may set per request, a defense's own as `<defense>.<knob>`
+    (`spell.max_edit_distance`): name -> MLflow param type."""
     from ttt_pipeline.config import TTTConfig
 
+    return {k: v for k, v in _scalar_fields(TTTConfig).items() if k.split(".")[0] not in _NOT_INFERENCE}
+
+
+def _scalar_fields(model_type, prefix: str = "") -> dict[str, str]:
+    from pydantic import BaseModel
+
     out = {}
-    for name, field in TTTConfig.model_fields.items():
-        if name in _NOT_INFERENCE:
-            continue
+    for name, field in model_type.model_fields.items():
         ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.update(_scalar_fields(ann, f"{prefix}{name}."))
+            continue
         if typing.get_origin(ann) is typing.Literal:
             kinds = {type(a) for a in typing.get_args(ann)}
             ann = kinds.pop() if len(kinds) == 1 else None
         if ann in _TYPES:
-            out[name] = _TYPES[ann]
+            out[prefix + name] = _TYPES[ann]
     return out
 
 
 def inference_config(ttt=None, method: str = "none") -> dict[str, Any]:
     """`method` (the defense the model applies unless a request names another: the pipeline logs its
     `evaluation.default_defense`) plus every inference setting of a TTTConfig (defaults when None)."""
-    from ttt_pipeline.config import TTTConfig
+    from ttt_pipeline.config import TTTConfig, flatten
 
-    ttt = ttt if ttt is not None else TTTConfig()
-    return {"method": method, **{k: getattr(ttt, k) for k in inference_fields()}}
+    flat = flatten(ttt if ttt is not None else TTTConfig())
+    return {"method": method, **{k: flat[k] for k in inference_fields()}}
 
 
 def settings_error(exc) -> str:
@@ -111,7 +119,7 @@ class Classifier:
     def configure(self, **settings) -> "Classifier":
         """Change the default inference configuration (validated); returns self."""
         method, ttt = self.settings(**settings)
-        self.config = {"method": method, **{k: getattr(ttt, k) for k in inference_fields()}}
+        self.config = inference_config(ttt, method)
         return self
 
     @property
@@ -122,19 +130,21 @@ class Classifier:
         """(method name, validated TTTConfig) of one call: the configuration with `overrides` on top."""
         from pydantic import ValidationError
 
-        from ttt_pipeline.config import TTTConfig
+        from ttt_pipeline.config import MOVED_KEYS, TTTConfig, nest
 
         fields = inference_fields()
         unknown = sorted(set(overrides) - set(fields) - {"method"})
         if unknown:
+            moved = [f"{k} is now {MOVED_KEYS[k]}" for k in unknown if k in MOVED_KEYS]
             raise ConfigError(f"unknown inference setting(s) {unknown}",
+                              "; ".join(moved) if moved else
                               f"settings are method and the ttt.* fields {', '.join(fields)}")
         merged = {**self.config, **{k: v for k, v in overrides.items() if v is not None}}
         name = method or merged.pop("method", None) or "none"
         merged.pop("method", None)
         try:
             # no held-out probes when serving: they are the evaluation's measurement, not the prediction's
-            ttt = TTTConfig.model_validate({**merged, "methods": [name], "signal_every": 0})
+            ttt = TTTConfig.model_validate({**nest(merged), "methods": [name], "signal_every": 0})
         except ValidationError as exc:
             raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
                               "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None
@@ -144,16 +154,17 @@ class Classifier:
 
     def _repairs(self, name: str, ttt) -> list[Callable[[list[str]], list[str]]]:
         """The method's text repairs, built once per setting (a spelling dictionary loads in seconds)."""
+        from ttt_pipeline.config import flatten
         from ttt_pipeline.defenses import registry
 
-        use_vocab = ttt.spell_vocabulary == "train" and self.vocabulary is not None
-        key = (ttt.spell_max_edit_distance, use_vocab)
-        if ttt.spell_vocabulary == "train" and not use_vocab:  # said once per repair, when it is built
-            for r in registry.parse(name).repairs:
-                if (r, *key) not in self._repair_cache:
-                    log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
-                                self.source or "classifier", r)
-        context = {"vocabulary": self.vocabulary} if use_vocab else {}
+        repairs = registry.parse(name).repairs
+        key = (*((k, v) for k, v in flatten(ttt).items() if k.split(".")[0] in repairs), self.vocabulary is not None)
+        for r in repairs:  # said once per repair, when it is built
+            wants = getattr(registry.own_settings(r, ttt), "vocabulary", None) == "train"
+            if wants and self.vocabulary is None and (r, *key) not in self._repair_cache:
+                log.warning("%s: no training vocabulary stored with this model; %s uses its dictionary only",
+                            self.source or "classifier", r)
+        context = {"vocabulary": self.vocabulary} if self.vocabulary is not None else {}
         return registry.build_repairs(name, ttt, context, self._repair_cache, key)
 
     def prepare(self, method: str | None = None, **overrides) -> "Classifier":
@@ -238,6 +249,9 @@ def mlflow_model_parts(path: Path) -> tuple[Path, dict[str, Any]] | None:
 def known_settings(config: dict[str, Any], where) -> dict[str, Any]:
     """A stored configuration's settings this version knows (a model logged by another version of the package
     keeps the rest of its configuration; the unknown ones are named in a warning)."""
+    from ttt_pipeline.config import moved_keys
+
+    config = moved_keys(config)  # a model logged before each defense owned its settings
     known = {"method", *inference_fields()}
     dropped = sorted(set(config) - known)
     if dropped:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.errors import ConfigError
 
 # The presets ship inside the package (the checkout's `configs/` links here), so `--config demo` works from a wheel
@@ -240,53 +241,23 @@ class CorruptionConfig(Section):
         return list(dict.fromkeys(v))
 
 
-class TTTConfig(Section):
+class _TTTRun(Section):
+    """What the evaluate step scores and how (the engines' shared knobs are EngineSettings, below it in TTTConfig)."""
+
     methods: list[str] = Field(
         ["none", "masked_ttt"], min_length=1,
         description="Methods scored on every set: engines none, masked_ttt, tent, mask_ensemble (masked TTT's "
         "no-gradient control: the same masks, predictions averaged, no weight change), the masked TTT recipes "
         "masked_ttt_views (4 masked views per step), masked_ttt_sgd (3 SGD steps, momentum 0.9), "
         "masked_ttt_lower_norm (LayerNorm/bias of the lower layers), masked_ttt_anchored (adapted prediction kept "
-        "only when the MLM loss fell and within anchor_kl_budget of the source), tent_filtered (Tent on "
-        "low-entropy reviews, reset on collapse); repairs such as spell in front of the model; compositions "
+        "only when the MLM loss fell and within ttt.masked_ttt_anchored.kl_budget of the source), tent_filtered (Tent "
+        "on low-entropy reviews, reset on collapse); repairs such as spell in front of the model; compositions "
         "repair+engine (spell+masked_ttt). Accuracy differences are reported against none, so keep it in the list.")
     mask_seeds: list[int] | int = Field(
         1, description="Mask seeds of the masked methods (masked_ttt, mask_ensemble): a count n (seeds seed, "
         "seed+1, ..., seed+n-1) or a list. Each seed is scored; the gain is pooled over them.")
-    spell_max_edit_distance: int = Field(2, ge=1, le=3, description="spell: largest edit distance of a repair.")
-    spell_vocabulary: Literal["train", "none"] = Field(
-        "train", description="spell: also trust the words of the training texts (seen at least twice), so product "
-        "names survive; none: the shipped English dictionary only.")
-    mask_prob: float = Field(0.1, gt=0, lt=1, description="Share of the tokens masked for each TTT step.")
-    steps: int = Field(1, ge=1, description="Optimizer steps on the MLM loss per unit (batch or sample).")
-    lr: float = Field(3e-5, gt=0, description="Learning rate of the TTT steps.")
-    optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="Optimizer of the TTT steps.")
-    params: Literal["all", "layernorm", "top_k", "bias", "lower_norm"] = Field(
-        "all", description="Parameters TTT adapts: all, the encoder LayerNorms, the last top_k encoder layers, the "
-        "encoder biases, or lower_norm (LayerNorm and bias parameters of the lower half of the encoder layers).")
-    top_k: int = Field(2, ge=1, description="Layers adapted when params=top_k.")
-    views: int = Field(1, ge=1, description="Masked views per input per step (loss averaged).")
-    draws: int = Field(1, ge=1, description="masked_ttt: independent adaptations per unit, each on its own masks "
-                       "from the source weights; predicted probabilities averaged (episodic only).")
-    unit: Literal["batch", "sample"] = Field("batch", description="Adapt per batch or per sample.")
-    online: bool = Field(False, description="Keep adapted weights across units (with a collapse guard).")
     batch_size: int = Field(32, ge=1, description="Test reviews per batch (the TTT unit when unit is batch).")
-    seed: int = Field(0, description="Seed of the TTT masks.")
-    tent_lr: float = Field(1e-4, gt=0, description="Learning rate of Tent (entropy minimisation).")
-    tent_steps: int = Field(1, ge=1, description="Tent steps per batch.")
-    anchor_kl_budget: float = Field(
-        0.005, ge=0, description="masked_ttt_anchored: a review keeps its adapted prediction only when its held-out "
-        "MLM loss fell and KL(adapted || source) of its class distribution is at most this many nats (0: always "
-        "the source prediction; 0.005 is about the 90th percentile of the tutorial step's KL on corrupted MDSD "
-        "reviews).")
     score_clean: bool = Field(True, description="Also score TTT on clean text (its cost on clean accuracy).")
-    signal_every: int = Field(
-        4, ge=0, description="Masked TTT's held-out signal: on every n-th batch, the MLM loss on masks it does not "
-        "step on, before and after adapting (the summary's ttt_heldout_*; two extra no-grad forwards per measured "
-        "batch, predictions unchanged; episodic only). 0: off; 1: every batch.")
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on CUDA and on CPUs with native bf16 (logits within ~1e-2 of "
-        "fp32), fp32 on other CPUs; fp32/bf16 force one.")
 
     @field_validator("methods")
     @classmethod
@@ -311,12 +282,63 @@ class TTTConfig(Section):
         return list(self.mask_seeds) if isinstance(self.mask_seeds, list) else [self.seed + i for i in
                                                                                   range(self.mask_seeds)]
 
-    @model_validator(mode="after")
-    def _draws_are_episodic(self) -> "TTTConfig":
-        if self.draws > 1 and self.online:
-            raise ValueError("draws > 1 needs episodic TTT: set online: false or draws: 1 (each draw starts "
-                             "from the source weights)")
-        return self
+
+class _TTTBase(EngineSettings, _TTTRun):
+    """`ttt.*`: the run's methods first (_TTTRun), then the engines' shared knobs (EngineSettings, so the engines
+    take this validated section itself), then one sub-section per defense with knobs of its own."""
+
+    signal_every: int = Field(
+        4, ge=0, description="Masked TTT's held-out signal: on every n-th batch, the MLM loss on masks it does not "
+        "step on, before and after adapting (the summary's ttt_heldout_*; two extra no-grad forwards per measured "
+        "batch, predictions unchanged; episodic only). 0: off; 1: every batch.")
+
+
+def _defense_sections() -> dict[str, Any]:
+    """`ttt.<defense>`: the `Settings` of every defense module that has one, collected by the registry."""
+    from ttt_pipeline.defenses import registry
+
+    return {name: (cls, Field(default_factory=cls, description=(cls.__doc__ or "").strip()))
+            for name, cls in registry.settings_types().items()}
+
+
+TTTConfig = create_model("TTTConfig", __base__=_TTTBase, __module__=__name__, **_defense_sections())
+TTTConfig.__doc__ = _TTTBase.__doc__
+
+# `ttt.*` keys before each defense owned its settings -> where they are now. A stored model's configuration is
+# moved on load (`moved_keys`); a config file, `--set` or request naming an old key gets an error with the new one.
+MOVED_KEYS = {"spell_max_edit_distance": "spell.max_edit_distance", "spell_vocabulary": "spell.vocabulary",
+              "tent_lr": "tent.lr", "tent_steps": "tent.steps", "anchor_kl_budget": "masked_ttt_anchored.kl_budget"}
+
+
+def moved_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat `ttt.*` mapping (a stored model's inference configuration) with its old keys renamed."""
+    return {MOVED_KEYS.get(k, k): v for k, v in flat.items()}
+
+
+def flatten(section: BaseModel | dict, prefix: str = "") -> dict[str, Any]:
+    """A section (or its nested dict) as `{"lr": 3e-5, ..., "spell.max_edit_distance": 2}`: the flat keys of MLflow
+    params, requests and `--set` (under `ttt.`); the inverse of `nest`."""
+    items = (section.items() if isinstance(section, dict)
+             else ((name, getattr(section, name)) for name in type(section).model_fields))
+    out: dict[str, Any] = {}
+    for name, value in items:
+        if isinstance(value, (BaseModel, dict)):
+            out.update(flatten(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """`{"spell.max_edit_distance": 1}` -> `{"spell": {"max_edit_distance": 1}}` (other keys as they are)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return out
 
 
 class EvaluationConfig(Section):
@@ -545,7 +567,9 @@ def _format_errors(err: ValidationError, origin: str) -> str:
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"]
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and field.startswith("ttt.") and field[4:] in MOVED_KEYS:
+            msg = f"moved to ttt.{MOVED_KEYS[field[4:]]} (each defense owns its settings)"
+        elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; `ttt-pipeline config --schema` lists the fields)"
         lines.append(f"config field '{field}': {msg}")
     return f"invalid configuration from {origin}: " + "; ".join(lines)

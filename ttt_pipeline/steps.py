@@ -372,7 +372,7 @@ def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
 
     built: dict = {}
     context: dict = {}
-    if cfg.ttt.spell_vocabulary == "train" and any(m.repairs for m in methods):
+    if any(m.repairs for m in methods):  # a repair that trusts the training words (ttt.spell.vocabulary) uses it
         context["vocabulary"] = train_texts()
     cache: dict = {}
     for m in methods:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import HELDOUT_DRAW, MaskedTTT
 from ttt_pipeline.evaluation.signal import changed_share, heldout_fields, mlm_quality, signal_headline
 from ttt_pipeline.modeling.model import special_token_ids
@@ -21,7 +21,7 @@ TEXTS = ["the battery died after two days and support never answered my emails",
 
 def _engine(tiny_clf, **kw):
     model, tok = tiny_clf
-    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(precision="fp32", **kw))
+    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(precision="fp32", **kw))
 
 
 def test_mlm_quality_is_a_deterministic_perplexity_on_the_sets_own_text(tiny_clf):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ttt_pipeline.defenses.base import RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.mask_ensemble import MaskEnsemble, default_copies
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
@@ -43,7 +43,7 @@ def ensemble(env, **kw):
     model, tok = env
     copies = kw.pop("copies", None)
     kw.setdefault("mask_prob", 0.3)
-    return MaskEnsemble(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**kw), copies=copies)
+    return MaskEnsemble(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**kw), copies=copies)
 
 
 def test_weights_bit_identical_and_mode_restored(env):
@@ -78,10 +78,10 @@ def test_one_copy_is_a_forward_on_ttts_first_mask(env):
 
 def test_copies_rule_and_masks_are_masked_ttts(env):
     model, tok = env
-    assert default_copies(TTTSettings()) == 4
-    assert default_copies(TTTSettings(views=2, steps=3)) == 6
-    assert default_copies(TTTSettings(steps=2, draws=3)) == 6
-    settings = TTTSettings(mask_prob=0.3, views=2, steps=2, seed=7)
+    assert default_copies(EngineSettings()) == 4
+    assert default_copies(EngineSettings(views=2, steps=3)) == 6
+    assert default_copies(EngineSettings(steps=2, draws=3)) == 6
+    settings = EngineSettings(mask_prob=0.3, views=2, steps=2, seed=7)
     ids, am = batch(tok, TEXTS)
     seen = []
     masker = RowHashMasker(0.3, special_token_ids(tok), seed=7)

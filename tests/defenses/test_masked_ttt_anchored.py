@@ -6,10 +6,11 @@ import pytest
 import torch
 from engine_checks import plain_logits, snapshot, unchanged
 
+from ttt_pipeline.config import TTTConfig
 from ttt_pipeline.defenses import registry
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
-from ttt_pipeline.defenses.masked_ttt_anchored import AnchoredTTT, kl_divergence
+from ttt_pipeline.defenses.masked_ttt_anchored import AnchoredTTT, Settings, kl_divergence
 from ttt_pipeline.modeling.model import special_token_ids
 
 # on the tiny random BERT, these settings lower the held-out MLM loss of three reviews and raise the fourth's
@@ -18,7 +19,8 @@ SETTINGS = dict(mask_prob=0.5, lr=1e-3, seed=0)
 
 def anchored(tiny_clf, budget):
     model, tok = tiny_clf
-    return AnchoredTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**SETTINGS), kl_budget=budget)
+    return AnchoredTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**SETTINGS),
+                       Settings(kl_budget=budget))
 
 
 def test_zero_budget_is_the_source_prediction(tiny_clf, recipe_batch):
@@ -38,7 +40,7 @@ def test_infinite_budget_keeps_the_adapted_prediction_where_the_loss_fell(tiny_c
     last = engine.last
     fell = last["loss_after"] < last["loss_before"]
     assert torch.equal(last["keep"], fell) and 0 < int(fell.sum()) < len(fell)  # some kept, some fell back
-    ttt = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**SETTINGS)).predict(*recipe_batch)
+    ttt = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**SETTINGS)).predict(*recipe_batch)
     source = plain_logits(model, *recipe_batch)
     assert torch.allclose(out[fell], ttt[fell], atol=1e-6)
     assert torch.allclose(out[~fell], source[~fell], atol=1e-5)
@@ -60,13 +62,13 @@ def test_budget_between_splits_on_kl(tiny_clf, recipe_batch):
 
 def test_held_out_masks_are_not_the_trained_ones_and_registry_reads_the_budget(tiny_clf):
     model, tok = tiny_clf
-    engine = registry.build_engine("masked_ttt_anchored", model, tok, TTTSettings(steps=2, views=3,
-                                                                                  anchor_kl_budget=0.2))
+    cfg = TTTConfig(steps=2, views=3, masked_ttt_anchored={"kl_budget": 0.2})
+    engine = registry.build_engine("masked_ttt_anchored", model, tok, cfg)
     assert isinstance(engine, AnchoredTTT) and registry.parse("masked_ttt_anchored").masked
     assert engine.kl_budget == 0.2 and engine.check_draw == 6  # masks 0-5 are the adaptation's
-    assert registry.build_engine("masked_ttt_anchored", model, tok, TTTSettings()).kl_budget == 0.005
-    with pytest.raises(ValueError, match="anchor_kl_budget"):
-        TTTSettings(anchor_kl_budget=-1.0)
+    assert registry.build_engine("masked_ttt_anchored", model, tok, EngineSettings()).kl_budget == 0.005
+    with pytest.raises(ValueError, match="kl_budget"):
+        TTTConfig(masked_ttt_anchored={"kl_budget": -1.0})
 
 
 def test_kl_divergence():

@@ -6,7 +6,7 @@ import pytest
 from engine_checks import snapshot, unchanged
 
 from ttt_pipeline.defenses import registry
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt_lower_norm import LR_SCALE
 from ttt_pipeline.defenses.params import lower_norm_parameters, select_parameters
 
@@ -32,7 +32,7 @@ def test_selection_is_lower_layers_norms_and_biases(tiny_clf):
 def test_adapts_only_those_parameters_then_restores(tiny_clf, recipe_batch):
     model, tok = tiny_clf
     before = snapshot(model)
-    engine = registry.build_engine("masked_ttt_lower_norm", model, tok, TTTSettings(mask_prob=0.3, lr=1e-3))
+    engine = registry.build_engine("masked_ttt_lower_norm", model, tok, EngineSettings(mask_prob=0.3, lr=1e-3))
     assert registry.parse("masked_ttt_lower_norm").masked
     assert engine.s.params == "lower_norm" and engine.s.lr == pytest.approx(1e-3 * LR_SCALE)
     allowed = names_of(model, lower_norm_parameters(model))

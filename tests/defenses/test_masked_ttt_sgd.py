@@ -7,7 +7,7 @@ import torch
 from engine_checks import snapshot, unchanged
 
 from ttt_pipeline.defenses import registry
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.masked_ttt_sgd import LR_SCALE, MOMENTUM, STEPS, MomentumSGDTTT, rms_update
 from ttt_pipeline.modeling.model import special_token_ids
@@ -20,7 +20,7 @@ def test_registered_as_a_masked_engine():
 def test_sgd_with_momentum_three_steps_weights_restored(tiny_clf, recipe_batch):
     model, tok = tiny_clf
     before = snapshot(model)
-    engine = registry.build_engine("masked_ttt_sgd", model, tok, TTTSettings(mask_prob=0.3, lr=1e-5))
+    engine = registry.build_engine("masked_ttt_sgd", model, tok, EngineSettings(mask_prob=0.3, lr=1e-5))
     assert isinstance(engine, MomentumSGDTTT) and (STEPS, MOMENTUM) == (3, 0.9)
     assert isinstance(engine.opt, torch.optim.SGD) and engine.steps == 3
     group = engine.opt.param_groups[0]
@@ -29,18 +29,18 @@ def test_sgd_with_momentum_three_steps_weights_restored(tiny_clf, recipe_batch):
     assert engine.stats["steps"] == 3 and unchanged(model, before)
     # a second unit starts from the source weights and a zero momentum: the same result
     assert torch.equal(engine.predict(*recipe_batch), first)
-    fresh = registry.build_engine("masked_ttt_sgd", model, tok, TTTSettings(mask_prob=0.3, lr=1e-5))
+    fresh = registry.build_engine("masked_ttt_sgd", model, tok, EngineSettings(mask_prob=0.3, lr=1e-5))
     assert torch.equal(fresh.predict(*recipe_batch), first)
     assert unchanged(model, before)
 
 
 def test_momentum_changes_the_later_steps(tiny_clf, recipe_batch):
     model, tok = tiny_clf
-    settings = TTTSettings(mask_prob=0.3, lr=1e-2, steps=3, optimizer="sgd")
+    settings = EngineSettings(mask_prob=0.3, lr=1e-2, steps=3, optimizer="sgd")
     with_momentum = MomentumSGDTTT(model, tok.mask_token_id, special_token_ids(tok), settings).predict(*recipe_batch)
     plain_sgd = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), settings).predict(*recipe_batch)
     assert not torch.allclose(with_momentum, plain_sgd, atol=1e-7)
-    one_step = TTTSettings(mask_prob=0.3, lr=1e-2, steps=1, optimizer="sgd")  # step 1: momentum has nothing yet
+    one_step = EngineSettings(mask_prob=0.3, lr=1e-2, steps=1, optimizer="sgd")  # step 1: momentum has nothing yet
     a = MomentumSGDTTT(model, tok.mask_token_id, special_token_ids(tok), one_step).predict(*recipe_batch)
     b = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), one_step).predict(*recipe_batch)
     assert torch.allclose(a, b, atol=1e-6)
@@ -49,9 +49,9 @@ def test_momentum_changes_the_later_steps(tiny_clf, recipe_batch):
 def test_rms_update_measures_the_move_and_restores(tiny_clf, recipe_batch):
     model, tok = tiny_clf
     before = snapshot(model)
-    small = rms_update(registry.build_engine("masked_ttt_sgd", model, tok, TTTSettings(mask_prob=0.3, lr=1e-6)),
+    small = rms_update(registry.build_engine("masked_ttt_sgd", model, tok, EngineSettings(mask_prob=0.3, lr=1e-6)),
                        *recipe_batch)
-    large = rms_update(registry.build_engine("masked_ttt_sgd", model, tok, TTTSettings(mask_prob=0.3, lr=1e-5)),
+    large = rms_update(registry.build_engine("masked_ttt_sgd", model, tok, EngineSettings(mask_prob=0.3, lr=1e-5)),
                        *recipe_batch)
     assert 0 < small < large and large == pytest.approx(10 * small, rel=0.05)  # SGD: the move is linear in lr
     assert unchanged(model, before)

@@ -61,6 +61,13 @@ def test_settings_are_validated_and_named(clf):
         clf.predict(TEXTS, "nope")
     with pytest.raises(ConfigError, match="bogus"):
         clf.predict(TEXTS, bogus=1)
+    # a defense's own settings by their flat name; a key from before they moved names the new one
+    tented = clf.predict_proba(TEXTS, "tent", **{"tent.lr": 1e-1, "tent.steps": 3})
+    assert np.abs(tented - clf.predict_proba(TEXTS, "tent")).max() > 1e-5
+    with pytest.raises(ConfigError, match=r"ttt\.tent\.steps"):
+        clf.predict(TEXTS, "tent", **{"tent.steps": 0})
+    with pytest.raises(ConfigError, match="tent_lr is now tent.lr"):
+        clf.predict(TEXTS, "tent", tent_lr=1e-1)
     with pytest.raises(PipelineError, match="text 1 is NoneType"):
         clf.predict([TEXTS[0], None])
     configured = load_classifier(clf.source, device="cpu", method="masked_ttt", steps=2)
@@ -116,7 +123,7 @@ def test_mlflow_model_is_self_contained(mlflow_model_dir):
     assert pyfunc["config"]["method"] == "masked_ttt" and pyfunc["config"]["steps"] == 2
     assert spec["metadata"]["label_names"] == LABELS and spec["metadata"]["ttt_pipeline_version"] == __version__
     params = {p["name"]: p for p in json.loads(spec["signature"]["params"])}
-    assert {"method", "steps", "lr", "mask_prob", "seed", "batch_size", "spell_max_edit_distance"} <= set(params)
+    assert {"method", "steps", "lr", "mask_prob", "seed", "batch_size", "spell.max_edit_distance", "tent.lr"} <= set(params)
     assert all(p["default"] is None for p in params.values())  # None: the model config decides
     files = {p.relative_to(mlflow_model_dir).as_posix() for p in mlflow_model_dir.rglob("*") if p.is_file()}
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pt", ".bin", ".cloudpickle", ".pyc"))]

@@ -137,6 +137,8 @@ def test_a_failed_run_keeps_the_previous_output(tiny_model_dir, tmp_path, capsys
     (["--set", "finetune.epochs=2"], "predict takes only ttt.* settings"),
     (["--set", "ttt.bogus=1"], "ttt.bogus: not an inference setting"),
     (["--set", "ttt.steps=0"], "ttt.steps: Input should be greater than or equal to 1"),
+    (["--set", "ttt.spell.max_edit_distance=9"], "ttt.spell.max_edit_distance: Input should be less than or equal"),
+    (["--set", "ttt.spell_max_edit_distance=1"], "ttt.spell_max_edit_distance: moved"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--text-column", "review"], "no column 'review'"),
 ])

@@ -9,12 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ttt_pipeline.config import TTTConfig
-from ttt_pipeline.defenses.base import (
-    CollapseGuard,
-    RowHashMasker,
-    TTTSettings,
-    settings_from_config,
-)
+from ttt_pipeline.defenses import tent as tent_defense
+from ttt_pipeline.defenses.base import CollapseGuard, EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.params import encoder_layers, make_optimizer, reset_optimizer_state, select_parameters
 from ttt_pipeline.defenses.registry import build_engine
@@ -48,7 +44,7 @@ def engine(env, **kw):
     model, tok = env
     kw.setdefault("mask_prob", 0.3)
     kw.setdefault("lr", 1e-3)
-    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**kw))
+    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**kw))
 
 
 def weights(model):
@@ -289,7 +285,7 @@ def test_draws_average_the_probabilities_of_independent_adaptations(env, unit):
 
 def test_draws_need_episodic_ttt():
     with pytest.raises(ValueError, match="draws > 1 needs episodic"):
-        TTTSettings(draws=2, online=True)
+        EngineSettings(draws=2, online=True)
     with pytest.raises(ValueError, match="online: false or draws: 1"):
         TTTConfig(draws=2, online=True)
     assert TTTConfig(draws=4).draws == 4
@@ -375,7 +371,7 @@ def test_tent_changes_only_layernorm_affine_and_restores(env):
     model, tok = env
     before = weights(model)
     ids, am = batch(tok, TEXTS)
-    eng = TentEngine(model, TTTSettings(tent_lr=1e-2, tent_steps=3, sub_batch_tokens=40))
+    eng = TentEngine(model, EngineSettings(sub_batch_tokens=40), tent_defense.Settings(lr=1e-2, steps=3))
     with torch.no_grad():
         plain = model(ids, am)
     ent0 = -(plain.softmax(-1) * plain.log_softmax(-1)).sum(-1).mean()
@@ -396,7 +392,7 @@ def test_tent_changes_only_layernorm_affine_and_restores(env):
 def test_build_engine_from_config(env):
     model, tok = env
     cfg = TTTConfig(methods=["none", "masked_ttt", "tent"], mask_prob=0.2, steps=2, lr=1e-4, optimizer="sgd",
-                    params="bias", views=2, unit="sample", seed=7, tent_lr=1e-3, tent_steps=2)
+                    params="bias", views=2, unit="sample", seed=7, tent={"lr": 1e-3, "steps": 2})
     assert build_engine("none", model, tok, cfg) is None
     masked = build_engine("masked_ttt", model, tok, cfg)
     assert isinstance(masked, MaskedTTT) and masked.s.views == 2 and masked.s.unit == "sample"
@@ -404,12 +400,11 @@ def test_build_engine_from_config(env):
     tent = build_engine("tent", model, tok, cfg)
     assert isinstance(tent, TentEngine) and tent.steps == 2
     assert tent.opt.param_groups[0]["lr"] == 1e-3
-    s = settings_from_config(cfg)
-    assert (s.lr, s.optimizer, s.params, s.tent_steps) == (1e-4, "sgd", "bias", 2)
+    assert masked.s is cfg  # the engines take the validated `ttt` section itself, no copy into another type
     with pytest.raises(ValueError):
         build_engine("nope", model, tok, cfg)
     with pytest.raises(ValueError):
-        TTTSettings(params="heads")
+        EngineSettings(params="heads")
 
 
 @pytest.mark.parametrize("precision, dtype", [("auto", torch.float32), ("fp32", torch.float32),
@@ -435,10 +430,10 @@ def test_precision_sets_the_cpu_compute_dtype(env, precision, dtype):
 
 def test_precision_is_validated():
     with pytest.raises(ValueError, match="precision"):
-        TTTSettings(precision="fp16")
+        EngineSettings(precision="fp16")
     with pytest.raises(ValueError, match="precision"):
         TTTConfig(precision="fp16")
-    assert settings_from_config(TTTConfig(precision="bf16")).precision == "bf16"
+    assert TTTConfig(precision="bf16").precision == "bf16"
 
 
 def test_predict_hands_the_source_weights_back_after_an_online_set(env):

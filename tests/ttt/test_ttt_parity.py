@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttt_pipeline.defenses.base import RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
 
@@ -82,7 +82,7 @@ def test_logits_match_torch_ttt(shim, setup, steps, lr, sub_batch):
     masker = RowHashMasker(0.3, special_token_ids(tok), seed=5)
     ref = _reference(shim, model, tok, masker, steps, lr)
     ours = MaskedTTT(model, tok.mask_token_id, special_token_ids(tok),
-                     TTTSettings(mask_prob=0.3, steps=steps, lr=lr, optimizer="adam", params="all",
+                     EngineSettings(mask_prob=0.3, steps=steps, lr=lr, optimizer="adam", params="all",
                                  unit="batch", sub_batch_tokens=sub_batch), mask_fn=masker)
     before = [p.detach().clone() for p in model.parameters()]
     with torch.no_grad():

@@ -23,7 +23,7 @@ probabilities of the draws (an ensemble of adapted models; `views` instead avera
 
 Online mode keeps the adapted weights (and optimizer moments) from unit to unit, guarded by
 `CollapseGuard`, which restores the source weights when the loss diverges or collapses or when the
-prediction entropy collapses (thresholds are `TTTSettings.guard_*`).
+prediction entropy collapses (thresholds are `EngineSettings.guard_*`).
 
 A defense subclasses `EpisodicEngine` with `prepare` (per-step context) and `chunk_loss` (its loss):
 masked TTT in `masked_ttt.py`, Tent in `tent.py`.
@@ -35,17 +35,18 @@ import hashlib
 import math
 import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
 from ttt_pipeline.defenses.params import OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state
+from ttt_pipeline.defenses.settings import DefenseSettings
 from ttt_pipeline.modeling.model import autocast_dtype, eligible_positions
 
-__all__ = ["TTTSettings", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn", "settings_from_config",
+__all__ = ["DefenseSettings", "EngineSettings", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn",
            "trim_padding", "eligible_positions"]
 
 # mask_fn(input_ids, attention_mask, draw) -> bool mask (B x T); `draw` numbers the masks of one unit
@@ -53,71 +54,57 @@ __all__ = ["TTTSettings", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "M
 MaskFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-@dataclass
-class TTTSettings:
-    """Engine settings (TTTConfig plus the knobs only the engine needs)."""
+class EngineSettings(DefenseSettings):
+    """What every episodic engine shares (masked TTT, its recipes and control, Tent): `ttt.<knob>` in the config,
+    where TTTConfig extends it, so an engine takes the validated `cfg.ttt` itself."""
 
-    mask_prob: float = 0.1
-    steps: int = 1
-    lr: float = 3e-5
-    optimizer: str = "adam"
-    params: str = "all"
-    top_k: int = 2
-    views: int = 1
-    # Independent episodic adaptations per unit, each from the source weights on its own mask draws; their
-    # class probabilities are averaged (the returned logits are the log of that mean).
-    draws: int = 1
-    unit: str = "batch"
-    online: bool = False
-    seed: int = 0
-    tent_lr: float = 1e-4
-    tent_steps: int = 1
-    # masked_ttt_anchored: largest KL(adapted || source) of a review's class distribution, in nats, for which the
-    # adapted prediction is kept (defenses/masked_ttt_anchored.py)
-    anchor_kl_budget: float = 0.005
-    trim_padding: bool = True
-    precision: str = "auto"
-    # Padded-token budget of the length-sorted sub-batches a unit is cut into (gradients accumulated, so
-    # the math is that of one forward over the unit); 0/None: off. Off by default: it saves the padding's
-    # FLOPs, but on a busy shared CPU more, smaller kernels cost more than the padding (measured: 2048 was
-    # 1.3x slower than off on the 2-core bench machine under load).
-    sub_batch_tokens: int | None = None
-    # Online-mode collapse guard. Baselines are the means over the first `guard_warmup` units after a
-    # (re)start; the signals are exponential moving averages (weight `guard_ema` on the newest unit) of the
-    # unit's first-step MLM loss and of its mean prediction entropy normalised by log(num_classes).
-    # Reset when: loss or entropy is not finite; loss EMA > guard_loss_high x baseline (divergence);
-    # loss EMA < guard_loss_low x baseline (the MLM task collapsed onto what it has memorised);
-    # entropy EMA < guard_entropy_low x baseline (predictions collapsed onto one class).
-    guard: bool = True
-    guard_warmup: int = 4
-    guard_ema: float = 0.3
-    guard_loss_high: float = 1.5
-    guard_loss_low: float = 0.25
-    guard_entropy_low: float = 0.2
-    # Held-out signal (issue 35): on every n-th unit (0: never), the engine's self-supervised loss on masks it
-    # does not step on, before and after adapting (`probe`; two extra no-grad forwards per measured unit;
-    # predictions unchanged). Episodic mode only; the first draw of a unit.
-    signal_every: int = 0
+    mask_prob: float = Field(0.1, gt=0, lt=1, description="Share of the tokens masked for each TTT step.")
+    steps: int = Field(1, ge=1, description="Optimizer steps on the MLM loss per unit (batch or sample).")
+    lr: float = Field(3e-5, gt=0, description="Learning rate of the TTT steps.")
+    optimizer: Literal[OPTIMIZERS] = Field("adam", description="Optimizer of the TTT steps.")
+    params: Literal[PARAM_SELECTIONS] = Field(
+        "all", description="Parameters TTT adapts: all, the encoder LayerNorms, the last top_k encoder layers, the "
+        "encoder biases, or lower_norm (LayerNorm and bias parameters of the lower half of the encoder layers).")
+    top_k: int = Field(2, ge=1, description="Layers adapted when params=top_k.")
+    views: int = Field(1, ge=1, description="Masked views per input per step (loss averaged).")
+    draws: int = Field(1, ge=1, description="masked_ttt: independent adaptations per unit, each on its own masks "
+                       "from the source weights; predicted probabilities averaged (episodic only).")
+    unit: Literal["batch", "sample"] = Field("batch", description="Adapt per batch or per sample.")
+    online: bool = Field(False, description="Keep adapted weights across units (with a collapse guard).")
+    seed: int = Field(0, description="Seed of the TTT masks.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA and on CPUs with native bf16 (logits within ~1e-2 of "
+        "fp32), fp32 on other CPUs; fp32/bf16 force one.")
+    signal_every: int = Field(
+        0, ge=0, description="Masked TTT's held-out signal: on every n-th batch, the MLM loss on masks it does not "
+        "step on, before and after adapting (the summary's ttt_heldout_*; two extra no-grad forwards per measured "
+        "batch, predictions unchanged; episodic only). 0: off; 1: every batch.")
+    trim_padding: bool = Field(True, description="Drop trailing padding columns before adapting (same logits).")
+    sub_batch_tokens: int | None = Field(
+        None, ge=0, description="Padded-token budget of the length-sorted sub-batches a unit is cut into "
+        "(gradients accumulated: the math of one forward over the unit); null or 0: off. Off by default: it saves the "
+        "padding's FLOPs, but on a busy shared CPU more, smaller kernels cost more (2048 was 1.3x slower than off "
+        "on the 2-core bench machine under load).")
+    # Online-mode collapse guard (CollapseGuard): baselines are the means over the first `guard_warmup` units
+    # after a (re)start; the signals are exponential moving averages (weight `guard_ema` on the newest unit).
+    guard: bool = Field(True, description="online: go back to the source weights when the MLM loss diverges "
+                        "or collapses or the prediction entropy collapses (the guard_* thresholds).")
+    guard_warmup: int = Field(4, ge=1, description="online: units whose means are the guard's baselines.")
+    guard_ema: float = Field(0.3, gt=0, le=1, description="online: weight of the newest unit in the guard's "
+                             "moving averages of MLM loss and normalised prediction entropy.")
+    guard_loss_high: float = Field(1.5, gt=1, description="online: reset when the loss average exceeds this "
+                                   "many times its baseline (divergence).")
+    guard_loss_low: float = Field(0.25, gt=0, lt=1, description="online: reset when the loss average falls "
+                                  "below this share of its baseline (the MLM task collapsed onto what it memorised).")
+    guard_entropy_low: float = Field(0.2, gt=0, lt=1, description="online: reset when the entropy average falls "
+                                     "below this share of its baseline (predictions collapsed onto one class).")
 
-    def __post_init__(self) -> None:
-        if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
-        if self.signal_every < 0:
-            raise ValueError(f"signal_every must be >= 0, got {self.signal_every}")
-        if self.steps < 1 or self.views < 1 or self.draws < 1 or self.tent_steps < 1:
-            raise ValueError("steps, views, draws and tent_steps must be >= 1")
-        if not self.anchor_kl_budget >= 0:
-            raise ValueError(f"anchor_kl_budget must be >= 0 (nats), got {self.anchor_kl_budget}")
+    @model_validator(mode="after")
+    def _draws_are_episodic(self) -> "EngineSettings":
         if self.draws > 1 and self.online:
-            raise ValueError("draws > 1 needs episodic TTT (online: false): each draw starts from the source weights")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {OPTIMIZERS}")
-        if self.params not in PARAM_SELECTIONS:
-            raise ValueError(f"unknown params {self.params!r}; choose from {PARAM_SELECTIONS}")
-        if self.unit not in ("batch", "sample"):
-            raise ValueError(f"unit must be 'batch' or 'sample', got {self.unit!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
+            raise ValueError("draws > 1 needs episodic TTT: set online: false or draws: 1 (each draw starts "
+                             "from the source weights)")
+        return self
 
 
 def _row_key(tokens: np.ndarray) -> int:
@@ -153,7 +140,7 @@ class RowHashMasker:
 
 
 class CollapseGuard:
-    """Decides when an online engine must go back to the source weights (see TTTSettings.guard_*)."""
+    """Decides when an online engine must go back to the source weights (see EngineSettings.guard_*)."""
 
     def __init__(self, warmup: int = 4, ema: float = 0.3, loss_high: float = 1.5, loss_low: float = 0.25,
                  entropy_low: float = 0.2):
@@ -222,9 +209,9 @@ class EpisodicEngine:
     """
 
     steps: int = 1
-    draws: int = 1  # episodic adaptations per unit, probabilities averaged (MaskedTTT: TTTSettings.draws)
+    draws: int = 1  # episodic adaptations per unit, probabilities averaged (MaskedTTT: EngineSettings.draws)
 
-    def __init__(self, model, settings: TTTSettings, params: list[torch.nn.Parameter], lr: float):
+    def __init__(self, model, settings: EngineSettings, params: list[torch.nn.Parameter], lr: float):
         # An engine left attached (online mode) holds the model's parameters as views of its buffer; the next
         # engine must start from the model's own storage and the source values.
         previous = getattr(model, "_ttt_attached_engine", None)
@@ -465,10 +452,3 @@ def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple
     if end == input_ids.shape[1]:
         return input_ids, attention_mask
     return input_ids[:, :end], attention_mask[:, :end]
-
-
-def settings_from_config(cfg) -> TTTSettings:
-    """TTTConfig (pydantic) -> engine settings; fields TTTSettings does not know are ignored."""
-    known = {f.name for f in fields(TTTSettings)}
-    data = cfg.model_dump() if hasattr(cfg, "model_dump") else dict(vars(cfg))
-    return TTTSettings(**{k: v for k, v in data.items() if k in known})

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ttt_pipeline.defenses.base import MaskFn, RowHashMasker, TTTSettings, trim_padding
+from ttt_pipeline.defenses.base import EngineSettings, MaskFn, RowHashMasker, trim_padding
 from ttt_pipeline.modeling.model import autocast_dtype
 
 __all__ = ["MaskEnsemble", "default_copies"]
@@ -30,7 +30,7 @@ __all__ = ["MaskEnsemble", "default_copies"]
 SINGLE_MASK_COPIES = 4  # copies when TTT itself would use one mask
 
 
-def default_copies(settings: TTTSettings) -> int:
+def default_copies(settings: EngineSettings) -> int:
     """Every mask masked TTT would draw (views x steps x draws), or SINGLE_MASK_COPIES if that is 1."""
     n = settings.views * settings.steps * settings.draws
     return n if n > 1 else SINGLE_MASK_COPIES
@@ -39,7 +39,7 @@ def default_copies(settings: TTTSettings) -> int:
 class MaskEnsemble:
     """Class logits = log mean softmax of the model over `copies` masked copies of the input."""
 
-    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
+    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: EngineSettings,
                  copies: int | None = None, mask_fn: MaskFn | None = None):
         self.model = model
         self.s = settings
@@ -81,7 +81,7 @@ class MaskEnsemble:
         """Nothing to give back: the model was never changed."""
 
 
-def build(model, tokenizer, settings: TTTSettings) -> MaskEnsemble:
+def build(model, tokenizer, settings: EngineSettings) -> MaskEnsemble:
     """The registry's constructor: as many masked copies as masked TTT would draw masks (`default_copies`)."""
     from ttt_pipeline.modeling.model import special_token_ids
 

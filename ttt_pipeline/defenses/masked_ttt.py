@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ttt_pipeline.defenses.base import EpisodicEngine, MaskFn, RowHashMasker, TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings, EpisodicEngine, MaskFn, RowHashMasker
 from ttt_pipeline.defenses.params import select_parameters
 
 HELDOUT_DRAW = -2  # mask draws of adaptation steps are numbered from 0: this one is never stepped on
@@ -20,7 +20,7 @@ HELDOUT_DRAW = -2  # mask draws of adaptation steps are numbered from 0: this on
 class MaskedTTT(EpisodicEngine):
     """Masked-LM test-time training over a ReviewClassifier (see the module docstring)."""
 
-    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
+    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: EngineSettings,
                  mask_fn: MaskFn | None = None):
         # The classification head gets no gradient from the MLM loss: leave it out of the buffer (torch-ttt
         # hands it to Adam, which skips it for want of a gradient; same result).
@@ -87,7 +87,7 @@ class MaskedTTT(EpisodicEngine):
         return sum(part.sum() * s for part, s in zip(ce.split(per_view), ctx["scale"]))
 
 
-def build(model, tokenizer, settings: TTTSettings) -> MaskedTTT:
+def build(model, tokenizer, settings: EngineSettings) -> MaskedTTT:
     """The registry's constructor: `masked_ttt` with the `ttt.*` settings as they are."""
     from ttt_pipeline.modeling.model import special_token_ids
 

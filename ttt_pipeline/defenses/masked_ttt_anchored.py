@@ -7,7 +7,7 @@ the loss the step just minimised); adapt exactly as `masked_ttt` does; measure t
 held-out masks and predict with the adapted weights; restore. A review keeps the adapted prediction only when
 
 - its held-out MLM loss fell (a review with no maskable token has no loss and keeps the source prediction), and
-- KL(adapted || source) of its class distribution is at most `ttt.anchor_kl_budget` nats,
+- KL(adapted || source) of its class distribution is at most `ttt.masked_ttt_anchored.kl_budget` nats,
 
 else it gets the source prediction. Budget 0 is the source model, an infinite budget keeps every review whose
 loss fell. The default, 0.005 nats, is about the 90th percentile of the tutorial step's KL on a MiniLM-L6
@@ -25,17 +25,26 @@ forward per unit than `masked_ttt`.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
+from ttt_pipeline.defenses.settings import DefenseSettings
 
 
-def recipe(settings: TTTSettings) -> TTTSettings:
-    return replace(settings, online=False, draws=1)
+class Settings(DefenseSettings):
+    """`ttt.masked_ttt_anchored.*`."""
+
+    kl_budget: float = Field(
+        0.005, ge=0, description="A review keeps its adapted prediction only when its held-out MLM loss fell and "
+        "KL(adapted || source) of its class distribution is at most this many nats (0: always the source "
+        "prediction; 0.005 is about the 90th percentile of the tutorial step's KL on corrupted MDSD reviews).")
+
+
+def recipe(settings: EngineSettings) -> EngineSettings:
+    return settings.model_copy(update=dict(online=False, draws=1))
 
 
 def kl_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
@@ -47,13 +56,11 @@ def kl_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tenso
 class AnchoredTTT(MaskedTTT):
     """MaskedTTT with the per-review fallback to the source prediction (see the module docstring)."""
 
-    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
-                 kl_budget: float | None = None, mask_fn=None):
+    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: EngineSettings,
+                 own: Settings | None = None, mask_fn=None):
         settings = recipe(settings)
         super().__init__(model, mask_token_id, special_ids, settings, mask_fn)
-        self.kl_budget = float(settings.anchor_kl_budget if kl_budget is None else kl_budget)
-        if not self.kl_budget >= 0:
-            raise ValueError(f"kl_budget must be >= 0 (nats), got {kl_budget}")
+        self.kl_budget = (own or Settings()).kl_budget
         self.check_draw = settings.steps * settings.views  # never one of the adaptation's own masks
         self.stats.update({"kept": 0, "fallback_loss": 0, "fallback_kl": 0})
         self.last: dict = {}
@@ -94,7 +101,7 @@ class AnchoredTTT(MaskedTTT):
         return torch.where(keep.to(source.device)[:, None], adapted, source)
 
 
-def build(model, tokenizer, settings: TTTSettings) -> AnchoredTTT:
+def build(model, tokenizer, settings: EngineSettings, own: Settings) -> AnchoredTTT:
     from ttt_pipeline.modeling.model import special_token_ids
 
-    return AnchoredTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings)
+    return AnchoredTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), settings, own)

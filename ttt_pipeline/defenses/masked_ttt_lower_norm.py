@@ -14,19 +14,17 @@ Everything else comes from `ttt.*` (mask_prob, steps, optimizer, views, unit, se
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 
 LR_SCALE = 10.0
 
 
-def recipe(settings: TTTSettings) -> TTTSettings:
-    return replace(settings, params="lower_norm", lr=settings.lr * LR_SCALE)
+def recipe(settings: EngineSettings) -> EngineSettings:
+    return settings.model_copy(update=dict(params="lower_norm", lr=settings.lr * LR_SCALE))
 
 
-def build(model, tokenizer, settings: TTTSettings) -> MaskedTTT:
+def build(model, tokenizer, settings: EngineSettings) -> MaskedTTT:
     from ttt_pipeline.modeling.model import special_token_ids
 
     return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), recipe(settings))

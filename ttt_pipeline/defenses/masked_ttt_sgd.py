@@ -16,11 +16,9 @@ unit (episodic), as `reset_optimizer_state` clears SGD's momentum buffer. Everyt
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.params import make_optimizer
 
@@ -29,20 +27,20 @@ MOMENTUM = 0.9
 LR_SCALE = 500.0
 
 
-def recipe(settings: TTTSettings) -> TTTSettings:
-    return replace(settings, steps=STEPS, optimizer="sgd", lr=settings.lr * LR_SCALE)
+def recipe(settings: EngineSettings) -> EngineSettings:
+    return settings.model_copy(update=dict(steps=STEPS, optimizer="sgd", lr=settings.lr * LR_SCALE))
 
 
 class MomentumSGDTTT(MaskedTTT):
     """MaskedTTT whose optimizer is SGD with momentum (the base engine's SGD has none)."""
 
-    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: TTTSettings,
+    def __init__(self, model, mask_token_id: int, special_ids: list[int], settings: EngineSettings,
                  momentum: float = MOMENTUM, mask_fn=None):
         super().__init__(model, mask_token_id, special_ids, settings, mask_fn)
         self.opt = make_optimizer(self.flat.flat, "sgd", settings.lr, momentum=momentum)
 
 
-def build(model, tokenizer, settings: TTTSettings) -> MomentumSGDTTT:
+def build(model, tokenizer, settings: EngineSettings) -> MomentumSGDTTT:
     from ttt_pipeline.modeling.model import special_token_ids
 
     return MomentumSGDTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), recipe(settings))

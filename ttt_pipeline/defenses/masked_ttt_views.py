@@ -13,20 +13,18 @@ averages the predictions over the same 4 x steps masks.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ttt_pipeline.defenses.base import TTTSettings
+from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 
 VIEWS = 4
 
 
-def recipe(settings: TTTSettings) -> TTTSettings:
+def recipe(settings: EngineSettings) -> EngineSettings:
     """The `ttt.*` settings with this recipe's fixed values."""
-    return replace(settings, views=VIEWS)
+    return settings.model_copy(update=dict(views=VIEWS))
 
 
-def build(model, tokenizer, settings: TTTSettings) -> MaskedTTT:
+def build(model, tokenizer, settings: EngineSettings) -> MaskedTTT:
     from ttt_pipeline.modeling.model import special_token_ids
 
     return MaskedTTT(model, tokenizer.mask_token_id, special_token_ids(tokenizer), recipe(settings))

@@ -1,8 +1,10 @@
 """Method names -> what runs: zero or more text repairs, then one model engine.
 
 A method is `repair+...+engine` (`spell+masked_ttt`), a lone repair (`spell`: then plain prediction) or a lone
-engine (`masked_ttt`). Adding a defense is one module with a `build` function plus one line in ENGINES or
-REPAIRS (docs/architecture.md walks through it).
+engine (`masked_ttt`). Adding a defense is one module with a `build` function, and a `Settings` class when it
+has knobs of its own, plus one line in ENGINES or REPAIRS (docs/architecture.md walks through it): the registry
+collects each `Settings` as the config section `ttt.<defense>` (`settings_types`) and hands the validated
+section to `build`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ class Entry:
     masked: bool = False
 
 
-# Model engines: each module has build(model, tokenizer, settings) -> an object with .predict(input_ids,
-# attention_mask) -> logits (and .close()); `none` is the plain forward pass. One line per defense.
+# Model engines: each module has build(model, tokenizer, settings[, own]) -> an object with .predict(input_ids,
+# attention_mask) -> logits (and .close()); `settings` are the engines' shared knobs (defenses.base.EngineSettings,
+# the `ttt` section), `own` the module's `Settings` (`ttt.<defense>`) when it has one; `none` is the plain
+# forward pass. One line per defense.
 ENGINES: dict[str, Entry] = {
     "none": Entry(None),
     "masked_ttt": Entry("masked_ttt", masked=True),
@@ -35,7 +39,8 @@ ENGINES: dict[str, Entry] = {
     "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True),
     "tent_filtered": Entry("tent_filtered"),
 }
-# Text repairs: each module has build(settings, context) -> callable(list[str]) -> list[str].
+# Text repairs: each module has build(own, context) -> callable(list[str]) -> list[str]; `own` is the module's
+# `Settings` (`ttt.<defense>`), None when it has none.
 REPAIRS: dict[str, Entry] = {
     "spell": Entry("spell"),
     "dedupe": Entry("dedupe"),
@@ -81,26 +86,54 @@ def known() -> list[str]:
                                                  if e != "none"]
 
 
-def build_engine(method: Method | str, model, tokenizer, settings):
-    """An object with .predict(input_ids, attention_mask) -> logits, or None for `none`; `settings` is a
-    TTTSettings or a TTTConfig (converted)."""
-    from ttt_pipeline.defenses.base import TTTSettings, settings_from_config
+def settings_types() -> dict[str, type]:
+    """`{defense: its Settings class}` for every defense module that defines one (a recipe that reuses another
+    defense's class, as tent_filtered does Tent's, shares that defense's section)."""
+    out = {}
+    for name, entry in {**ENGINES, **REPAIRS}.items():
+        cls = None if entry.module is None else getattr(_module(entry), "Settings", None)
+        if cls is not None and cls.__module__ == _module(entry).__name__:
+            out[name] = cls
+    return out
 
+
+def own_settings(name: str, settings):
+    """The defense's own validated settings: its section of `settings` (a TTTConfig), or the defaults of its
+    `Settings` where `settings` has no such section (a bare EngineSettings, a repair built alone); None when the
+    defense has no knobs."""
+    entry = ENGINES.get(name) or REPAIRS[name]
+    cls = None if entry.module is None else getattr(_module(entry), "Settings", None)
+    if cls is None:
+        return None
+    section = next(n for n, c in settings_types().items() if c is cls)
+    found = getattr(settings, section, None)
+    return found if isinstance(found, cls) else cls()
+
+
+def build_engine(method: Method | str, model, tokenizer, settings):
+    """An object with .predict(input_ids, attention_mask) -> logits, or None for `none`; `settings` is the
+    validated `ttt` section (a TTTConfig) or an EngineSettings."""
     m = parse(method) if isinstance(method, str) else method
-    if not isinstance(settings, TTTSettings):
-        settings = settings_from_config(settings)
     entry = ENGINES[m.engine]
-    return None if entry.module is None else _module(entry).build(model, tokenizer, settings)
+    if entry.module is None:
+        return None
+    own = own_settings(m.engine, settings)
+    return _module(entry).build(model, tokenizer, settings, *([] if own is None else [own]))
 
 
 def build_repairs(method: Method | str, settings, context: dict | None = None, cache: dict | None = None,
                   key: tuple = ()) -> list[Callable]:
-    """The method's text repairs. With `cache`, each repair is built once per (name, *key) and reused: a spelling
-    dictionary loads in seconds, so the pipeline, the Classifier and the benches build it once for many sets."""
+    """The method's text repairs, each given its own settings (`ttt.<repair>`, see own_settings). With `cache`,
+    each repair is built once per (name, *key) and reused: a spelling dictionary loads in seconds, so the
+    pipeline, the Classifier and the benches build it once for many sets."""
     m = parse(method) if isinstance(method, str) else method
+
+    def make(r: str):
+        return _module(REPAIRS[r]).build(own_settings(r, settings), context or {})
+
     if cache is None:
-        return [_module(REPAIRS[r]).build(settings, context or {}) for r in m.repairs]
+        return [make(r) for r in m.repairs]
     for r in m.repairs:
         if (r, *key) not in cache:
-            cache[(r, *key)] = _module(REPAIRS[r]).build(settings, context or {})
+            cache[(r, *key)] = make(r)
     return [cache[(r, *key)] for r in m.repairs]

@@ -43,10 +43,13 @@ import re
 from collections import Counter
 from functools import lru_cache
 from importlib import resources
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
+from pydantic import Field
 from symspellpy import SymSpell, Verbosity
+
+from ttt_pipeline.defenses.settings import DefenseSettings
 
 __all__ = ["SpellRepair", "get_repair", "DICTIONARY"]
 
@@ -68,6 +71,15 @@ FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "co
 # The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context")
+
+
+class Settings(DefenseSettings):
+    """`ttt.spell.*`."""
+
+    max_edit_distance: int = Field(2, ge=1, le=3, description="Largest edit distance of a repair.")
+    vocabulary: Literal["train", "none"] = Field(
+        "train", description="train: also trust the words of the training texts (seen at least twice), so product "
+        "names survive; none: the shipped English dictionary only.")
 REAL_WORD_MAX_COUNT = 10_000_000  # real_word only rewrites dictionary words rarer than this ...
 REAL_WORD_RATIO = 1000  # ... into an anagram at least this many times more frequent
 _CACHE_LIMIT = 500_000  # entries of each per-instance cache; a cache is cleared when full (bounded memory)
@@ -729,8 +741,8 @@ def get_repair(max_edit_distance: int = 2, extra_texts_digest: str | None = None
     return hit
 
 
-def build(settings, context: dict) -> Callable[[list[str]], list[str]]:
-    """The registry's constructor for a text repair: `ttt.spell_max_edit_distance`, and the training vocabulary
-    when the context has one (`context["vocabulary"]`)."""
-    return SpellRepair(max_edit_distance=getattr(settings, "spell_max_edit_distance", 2),
-                       extra_vocabulary=context.get("vocabulary")).repair_all
+def build(settings: Settings, context: dict) -> Callable[[list[str]], list[str]]:
+    """The registry's constructor for a text repair: `ttt.spell.max_edit_distance`, and the training vocabulary
+    when the context has one (`context["vocabulary"]`) and `ttt.spell.vocabulary` is train."""
+    vocabulary = context.get("vocabulary") if settings.vocabulary == "train" else None
+    return SpellRepair(max_edit_distance=settings.max_edit_distance, extra_vocabulary=vocabulary).repair_all

@@ -1,7 +1,7 @@
 """tent_filtered: Tent with the EATA/SAR reliability filter and SAR's reset, on the encoder's LayerNorms.
 
 Per unit and step, as Tent (`ttt_pipeline.defenses.tent`: entropy minimisation of the LayerNorm affine parameters at
-`ttt.tent_lr` for `ttt.tent_steps` steps, episodic unless `ttt.online`), except:
+`ttt.tent.lr` for `ttt.tent.steps` steps, episodic unless `ttt.online`; it has Tent's settings, `Settings` below), except:
 
 - reliability filter (EATA, Niu et al., ICML 2022; kept by SAR, Niu et al., ICLR 2023): only reviews whose
   prediction entropy is below E0 = MARGIN x ln(number of classes), MARGIN = 0.4 (EATA's default), contribute
@@ -26,8 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ttt_pipeline.defenses.base import TTTSettings
-from ttt_pipeline.defenses.tent import TentEngine
+from ttt_pipeline.defenses.base import EngineSettings
+from ttt_pipeline.defenses.tent import Settings, TentEngine
 
 MARGIN = 0.4
 RESET_FRACTION = 0.2 / math.log(1000)
@@ -46,9 +46,9 @@ class FilteredTent(TentEngine):
     `margin` and `reset_below` are absolute thresholds in nats (default: the fractions above x ln(classes));
     `reset_below=0` turns the reset off."""
 
-    def __init__(self, model, settings: TTTSettings, margin: float | None = None,
+    def __init__(self, model, settings: EngineSettings, own: Settings | None = None, margin: float | None = None,
                  reset_below: float | None = None):
-        super().__init__(model, settings)
+        super().__init__(model, settings, own)
         self.guard = None  # this engine's own reset rule replaces the online collapse guard
         self.margin, self.reset_below = margin, reset_below
         self.ema: float | None = None
@@ -102,5 +102,5 @@ class FilteredTent(TentEngine):
         return logits
 
 
-def build(model, tokenizer, settings: TTTSettings) -> FilteredTent:
-    return FilteredTent(model, settings)
+def build(model, tokenizer, settings: EngineSettings, own: Settings) -> FilteredTent:
+    return FilteredTent(model, settings, own)

@@ -1,4 +1,4 @@
-"""The training vocabulary that `spell` trusts besides its English dictionary (`ttt.spell_vocabulary: train`).
+"""The training vocabulary that `spell` trusts besides its English dictionary (`ttt.spell.vocabulary: train`).
 
 One definition for every user: the evaluation step builds it from the training texts, the fine-tune stage
 stores it as `vocabulary.json` inside the logged MLflow Model, and a served or `ttt-pipeline predict`

@@ -50,7 +50,7 @@ def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max
                   repairs: list[Callable[[list[str]], list[str]]] | None = None) -> np.ndarray:
     """Class logits of `texts` under a method name (`none`, `masked_ttt`, `spell`, `spell+masked_ttt`, ...).
 
-    `settings` is a TTTConfig or TTTSettings (its `seed` is the mask seed); `repairs` are the method's text
+    `settings` is a TTTConfig or an EngineSettings (its `seed` is the mask seed); `repairs` are the method's text
     repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
     return score_texts(model, tokenizer, texts, method, settings, max_length, batch_size, device, progress,
                        repairs)[0]
@@ -65,7 +65,7 @@ def score_texts(model, tokenizer, texts: list[str], method: str, settings, max_l
     m = registry.parse(method)
     for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
         texts = fix(texts)
-    engine = registry.build_engine(m, model, tokenizer, settings)  # converts a TTTConfig to TTTSettings
+    engine = registry.build_engine(m, model, tokenizer, settings)
     logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
     return logits, dict(getattr(engine, "stats", {}))
 

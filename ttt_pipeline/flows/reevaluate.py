@@ -34,7 +34,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig, default_config
+from ttt_pipeline.config import PipelineConfig, default_config, flatten
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
@@ -280,7 +280,7 @@ def _log_night(tracker: Tracker, run_id: str, cfg, params: dict, now: dict, resu
     tracker.params(run_id, {**params,
                             **{f"corruption.{k}": v for k, v in cfg.corruption.model_dump(mode="json").items()
                                if k != "seed"},
-                            **{f"ttt.{k}": v for k, v in cfg.ttt.model_dump(mode="json").items()}})
+                            **flatten(cfg.ttt.model_dump(mode="json"), "ttt.")})
     per_set = {f"{suite}/acc/{metric_name(r)}": r["acc"] for suite, rows in results.items() for r in rows}
     new = extra.get("new_data")
     flat_new = {} if not new else {f"new_data/{part}/{k}": float(new[part][k]) for part in

@@ -413,7 +413,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
 def ttt_overrides(items: list[str]) -> dict[str, Any]:
     """`--set ttt.steps=3` -> {"steps": 3}; only ttt.* inference settings (the method is --method)."""
     from ttt_pipeline.classifier import inference_fields
-    from ttt_pipeline.config import apply_overrides
+    from ttt_pipeline.config import MOVED_KEYS, apply_overrides, flatten
 
     data = apply_overrides({}, items)
     other = sorted(k for k in data if k != "ttt")
@@ -425,8 +425,10 @@ def ttt_overrides(items: list[str]) -> dict[str, Any]:
         raise ConfigError("--set ttt: give a field, e.g. ttt.steps=3", "use --set ttt.<field>=<value>")
     if "methods" in ttt:
         raise ConfigError("--set ttt.methods: predict applies one method", "use --method, e.g. --method masked_ttt")
-    fields = inference_fields()
+    fields, ttt = inference_fields(), flatten(ttt)
     unknown = sorted(set(ttt) - set(fields))
+    if unknown and unknown[0] in MOVED_KEYS:
+        raise ConfigError(f"--set ttt.{unknown[0]}: moved", f"use ttt.{MOVED_KEYS[unknown[0]]}")
     if unknown:
         raise ConfigError(f"--set ttt.{unknown[0]}: not an inference setting",
                           f"settings are ttt.{', ttt.'.join(fields)}")
@@ -439,10 +441,10 @@ def _check_settings(method: str | None, overrides: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
     from ttt_pipeline.classifier import settings_error
-    from ttt_pipeline.config import TTTConfig
+    from ttt_pipeline.config import TTTConfig, nest
 
     try:
-        TTTConfig.model_validate({**overrides, "methods": [method or "none"]})
+        TTTConfig.model_validate({**nest(overrides), "methods": [method or "none"]})
     except ValidationError as exc:
         raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
                           "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from ttt_pipeline.config import flatten
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.storage import StepOutput
@@ -157,7 +158,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
 
     for out in outs:
         _common(tracker, run_id, out)
-    tracker.params(run_id, {f"ttt.{k}": v for k, v in cfg.ttt.model_dump(mode="json").items()})
+    tracker.params(run_id, flatten(cfg.ttt.model_dump(mode="json"), "ttt."))  # ttt.spell.max_edit_distance, ...
     tracker.params(run_id, {f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump(mode="json").items()})
     rows = results["rows"]
     metrics = {}
