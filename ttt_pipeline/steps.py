@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.metrics import softmax
 from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.version import __version__
 
@@ -280,6 +279,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     Writes `results.json` (one row per set x method x mask seed) and `predictions.parquet` (every review's
     predicted class and class probabilities), so any comparison can be made paired, after the fact."""
     from ttt_pipeline.data.prepare import load_prepared
+    from ttt_pipeline.evaluation import grid
     from ttt_pipeline.modeling.model import load_model, pick_device
 
     sets_meta = corrupt_out.meta["sets"]
@@ -294,15 +294,12 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         device = pick_device(cfg.finetune.device)
         ds, _ = load_prepared(data.path)
         model, tokenizer = load_model(Path(model_out.path) / "model", device)
-        jobs = []  # (kind, set name, family, severity, texts, labels)
-        if with_clean:
-            jobs.append(("clean", "clean", None, None, ds["test"]["text"], ds["test"]["label"]))
-            jobs += [("shift", s, None, None, ds[s]["text"], ds[s]["label"]) for s in ds if s.startswith("shift_")]
-        for name in chosen:
-            m = sets_meta[name]
-            jobs.append(("corrupted", name, m["family"], m["severity"], read_set(corrupt_out, name), ds["test"]["label"]))
-        rows, preds = _score_jobs(cfg, jobs, model, tokenizer, device, lambda: ds["train"]["text"], progress)
-        samples = _samples(jobs, preds, model.meta.label_names)
+        sets = _test_sets(ds, corrupt_out, chosen, with_clean)
+        rows, preds = grid.score_grid(grid.jobs(sets, cfg.ttt), model, tokenizer, cfg.ttt, cfg.evaluation,
+                                      cfg.model.max_length, device,
+                                      grid.build_repairs(cfg.ttt, lambda: ds["train"]["text"]),
+                                      (lambda done, total: progress("evaluate", done, total, {})) if progress else None)
+        samples = grid.samples(sets, preds, model.meta.label_names)
         (tmp / "results.json").write_text(json.dumps({"rows": rows, "samples": samples,
                                                        "label_names": model.meta.label_names}, indent=1))
         _write_predictions(preds, tmp / "predictions.parquet")
@@ -311,89 +308,20 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     return store.run("evaluate", inputs, _guarded(cfg, "evaluate", build), _v("evaluate"))
 
 
-def _score_jobs(cfg: PipelineConfig, jobs: list, model, tokenizer, device, train_texts, progress) -> tuple[list, list]:
-    """Every job under every method and mask seed: accuracy rows (with bootstrap intervals) and predictions."""
-    import numpy as np
+def _test_sets(ds, corrupt_out: StepOutput, chosen: list[str], with_clean: bool) -> list:
+    """The evaluate step's sets: clean test and shifted domains (unless a family-only share of the grid), then the
+    chosen corrupted copies of the test set."""
+    from ttt_pipeline.evaluation.grid import TestSet
 
-    from ttt_pipeline.defenses import registry
-    from ttt_pipeline.evaluation.scoring import score, score_texts
-    from ttt_pipeline.evaluation.signal import heldout_fields
-    from ttt_pipeline.evaluation.stats import accuracy_interval
-
-    n, ev = model.meta.num_labels, cfg.evaluation
-    methods = [registry.parse(m) for m in cfg.ttt.methods]
-    repairs = _repairs(cfg, methods, train_texts)
-    runs = [(m, seed) for m in methods for seed in (cfg.ttt.seeds() if m.masked else [None])]
-
-    def skipped(kind: str, m) -> bool:  # defenses on clean text only with ttt.score_clean
-        return kind == "clean" and m.name != "none" and not cfg.ttt.score_clean
-
-    total = sum(len(j[4]) for j in jobs for m, _ in runs if not skipped(j[0], m))
-    rows, preds, done = [], [], 0
-    for kind, name, family, sev, texts, ys in jobs:
-        quality = _mlm_quality(cfg, model, tokenizer, texts, device)
-        for m, seed in runs:
-            if skipped(kind, m):
-                continue
-            settings = cfg.ttt if seed is None else cfg.ttt.model_copy(update={"seed": seed})
-            t0 = time.perf_counter()
-            logits, engine_stats = score_texts(model, tokenizer, texts, m.name, settings, cfg.model.max_length,
-                                   cfg.ttt.batch_size, device, (lambda i, t, d=done: progress("evaluate", d + i, total, {}))
-                                   if progress else None, repairs[m.name])
-            wall = time.perf_counter() - t0
-            done += len(texts)
-            s = score(logits, ys, n)
-            pred = logits.argmax(-1)
-            lo, hi = accuracy_interval(pred == np.asarray(ys), ev.resamples, ev.confidence, ev.seed)
-            rows.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
-                         "mask_seed": seed, "acc": s["acc"], "acc_ci_low": lo, "acc_ci_high": hi,
-                         "macro_f1": s["macro_f1"], "recall": s["recall"], "confusion": s["confusion"], "n": s["n"],
-                         "wall_s": wall, "samples_per_s": len(texts) / wall if wall > 0 else 0.0,
-                         **(quality if m.name == "none" else {}), **heldout_fields(engine_stats)})
-            preds.append({"kind": kind, "set": name, "family": family, "severity": sev, "method": m.name,
-                          "mask_seed": seed, "label": list(ys), "pred": pred.tolist(),
-                          "probs": softmax(logits).tolist()})
-    return rows, preds
-
-
-def _mlm_quality(cfg: PipelineConfig, model, tokenizer, texts, device) -> dict:
-    """The MLM head on this set's own text (evaluation.signal_reviews of them): the signal TTT would adapt on."""
-    from ttt_pipeline.evaluation.signal import mlm_quality
-
-    n = cfg.evaluation.signal_reviews
-    found = mlm_quality(model, tokenizer, texts, cfg.model.max_length, cfg.ttt.batch_size, device,
-                        cfg.evaluation.seed, n) if n else None
-    return found or {}
-
-
-def _repairs(cfg: PipelineConfig, methods: list, train_texts) -> dict:
-    """Each method's text repairs, built once for every set (a spelling dictionary takes seconds to load)."""
-    from ttt_pipeline.defenses import registry
-
-    built: dict = {}
-    context: dict = {}
-    if any(m.repairs for m in methods):  # a repair that trusts the training words (ttt.spell.vocabulary) uses it
-        context["vocabulary"] = train_texts()
-    cache: dict = {}
-    for m in methods:
-        built[m.name] = registry.build_repairs(m, cfg.ttt, context, cache)
-    return built
-
-
-def _samples(jobs: list, preds: list, label_names: list[str]) -> list[dict]:
-    """The first 8 reviews of each corrupted set with every method's prediction (first mask seed)."""
-    out = []
-    for kind, name, _, _, texts, ys in jobs:
-        if kind != "corrupted":
-            continue
-        mine = {}
-        for p in preds:
-            if p["set"] == name and p["method"] not in mine:
-                mine[p["method"]] = p["pred"]
-        for i in range(min(8, len(texts))):
-            out.append({"set": name, "text": texts[i], "label": label_names[ys[i]],
-                        **{f"pred_{m}": label_names[p[i]] for m, p in mine.items()}})
-    return out
+    sets = []
+    if with_clean:
+        sets.append(TestSet("clean", "clean", ds["test"]["text"], ds["test"]["label"]))
+        sets += [TestSet("shift", s, ds[s]["text"], ds[s]["label"]) for s in ds if s.startswith("shift_")]
+    for name in chosen:
+        m = corrupt_out.meta["sets"][name]
+        sets.append(TestSet("corrupted", name, read_set(corrupt_out, name), ds["test"]["label"], m["family"],
+                            m["severity"]))
+    return sets
 
 
 def _write_predictions(preds: list[dict], path: Path) -> None:
