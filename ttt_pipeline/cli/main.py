@@ -47,22 +47,6 @@ def _few_malloc_arenas(arenas: int = 2) -> None:
         pass  # not glibc (musl has no arenas to cap)
 
 
-def _absolute(cfg):
-    """Relative paths are taken from the current folder once, so workers and the UI agree on them."""
-    cfg.store = str(Path(cfg.store).resolve())
-    cfg.tracking.artifact_root = str(Path(cfg.tracking.artifact_root).resolve())
-    d = cfg.data
-    if not d.path.startswith(("gdown://", "hf://")):
-        d.path = str(Path(d.path).expanduser().resolve())
-    if d.test_path and not d.test_path.startswith(("gdown://", "hf://")):
-        d.test_path = str(Path(d.test_path).expanduser().resolve())
-    d.shift = {k: (v if v.startswith(("gdown://", "hf://")) else str(Path(v).expanduser().resolve()))
-               for k, v in d.shift.items()}
-    if cfg.model.name.startswith((".", "/", "~")):
-        cfg.model.name = str(Path(cfg.model.name).expanduser().resolve())
-    return cfg
-
-
 def preflight(cfg) -> bool:
     """Everything that can be wrong with the inputs, checked before any training (results are cached).
 
@@ -100,9 +84,9 @@ def start_prefect_server() -> None:
 def cmd_run(args) -> int:
     from ttt_pipeline.cli.console import setup_run_logging, summary_table, ui_lines
     from ttt_pipeline.cli.stopping import StopOnSignal
-    from ttt_pipeline.config import load_config
+    from ttt_pipeline.config import absolute_paths, load_config
 
-    cfg = _absolute(load_config(args.config, args.set))
+    cfg = absolute_paths(load_config(args.config, args.set))
     _env_defaults(Path(cfg.store))
     setup_run_logging()  # stage lines and progress; Prefect's per-task "Finished in state" lines are dropped
     with StopOnSignal(cfg):  # Ctrl-C / SIGTERM: one line (what the store keeps, how to resume), exit in seconds
@@ -143,9 +127,9 @@ def cmd_reevaluate(args) -> int:
     """The nightly re-evaluation now: the same flow as the `nightly-reevaluation` deployment. Exit 0 when the
     champion holds up, 3 on a regression, 2 when there is no champion yet (with `error:` and `hint:`)."""
     from ttt_pipeline.cli.console import nightly_lines, setup_run_logging
-    from ttt_pipeline.config import load_config
+    from ttt_pipeline.config import absolute_paths, load_config
 
-    cfg = _absolute(load_config(args.config, args.set))
+    cfg = absolute_paths(load_config(args.config, args.set))
     if cfg.nightly.data_path:  # checked before any scoring: a missing file names nightly.data_path at once
         from ttt_pipeline.data.newdata import resolve
 

@@ -34,11 +34,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig, default_config, flatten
+from ttt_pipeline.config import PipelineConfig, absolute_paths, default_config, flatten
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
-from ttt_pipeline.flows.stages import evaluate_on_gpu, portable, run_task
+from ttt_pipeline.flows.stages import evaluate_on_gpu, run_task
 from ttt_pipeline.io.remote_store import open_store
 from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task
@@ -304,7 +304,7 @@ def _log_night(tracker: Tracker, run_id: str, cfg, params: dict, now: dict, resu
 
 def _nightly_config(config: PipelineConfig) -> PipelineConfig:
     """The night scores `none` and the recommended defense only (clean too: the new data's baseline)."""
-    cfg = portable(config)
+    cfg = absolute_paths(config)
     defense = cfg.evaluation.defense
     cfg.evaluation.default_defense = None  # reassigned below, once ttt.methods holds it
     cfg.ttt.methods = list(dict.fromkeys(["none", defense]))

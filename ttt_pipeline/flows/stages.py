@@ -20,9 +20,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig
+from ttt_pipeline.config import PipelineConfig, absolute_paths
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.io.remote_store import is_url, localise, open_store, peek
+from ttt_pipeline.io.remote_store import localise, open_store, peek
 from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.tasks import evaluate_task, finetune_task, log_stage_task
 
@@ -129,22 +129,6 @@ def publish_output(out: dict) -> None:
 # The orchestrator's side: submit, wait, read the outputs back from the store.
 
 
-def portable(cfg: PipelineConfig) -> PipelineConfig:
-    """A copy whose local paths are absolute, so a worker in another folder reads the same store and model."""
-    cfg = cfg.model_copy(deep=True)
-    if not is_url(cfg.store):
-        cfg.store = str(Path(cfg.store).expanduser().resolve())
-    uri = cfg.tracking.tracking_uri
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        cfg.tracking.tracking_uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    if not is_url(cfg.tracking.artifact_root):
-        cfg.tracking.artifact_root = str(Path(cfg.tracking.artifact_root).expanduser().resolve())
-    name = cfg.model.name
-    if not name.startswith(("pypi:", "/")) and Path(name).expanduser().exists():
-        cfg.model.name = str(Path(name).expanduser().resolve())
-    return cfg
-
-
 def evaluation_shares(cfg: PipelineConfig) -> list[list[str]]:
     """One evaluate run per corruption family, plus one for the clean and shifted sets."""
     return [["clean"]] + [[f] for f in cfg.corruption.families]
@@ -229,7 +213,7 @@ def run_heavy_stages(cfg: PipelineConfig, data: dict, tokens: dict, corrupted: d
     """
     logger = get_run_logger()
     ex = cfg.execution
-    cfg = portable(cfg)
+    cfg = absolute_paths(cfg)
     store = open_store(cfg.store)
     run = _submit(ex.finetune_deployment, {"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens,
                                            "parent_run_id": parent_run_id}, "fine-tune")
@@ -244,7 +228,7 @@ def evaluate_on_gpu(cfg: PipelineConfig, data: dict, model: dict, corrupted: dic
                     shares: list[list[str]]) -> tuple[list[dict], bool]:
     """One evaluate deployment run per share, submitted together; (outputs in this machine's cache, cached)."""
     logger = get_run_logger()
-    cfg = portable(cfg)
+    cfg = absolute_paths(cfg)
     store = open_store(cfg.store)
     params = cfg.model_dump(mode="json")
     runs = [_submit(cfg.execution.evaluate_deployment,
