@@ -50,6 +50,38 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def make_tiny_clf(tiny_bert_dir):
+    """make(labels, max_length=48, head_dropout=0.1, seed=0) -> (ReviewClassifier in eval mode, tokenizer): the
+    tiny BERT under a [16] head drawn after torch.manual_seed(seed). Each call builds a fresh model."""
+
+    def make(labels=("a", "b", "c"), max_length: int = 48, head_dropout: float = 0.1, seed: int = 0):
+        import torch
+
+        from ttt_pipeline.config import ModelConfig
+        from ttt_pipeline.modeling.model import build_classifier
+
+        torch.manual_seed(seed)
+        model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=max_length, head_hidden=[16],
+                                                  head_dropout=head_dropout), list(labels))
+        return model.eval(), tok
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def tiny_clf(make_tiny_clf):
+    """(3-class classifier a/b/c, tokenizer), one per test module: the engines' tests (defenses, ttt) hand it to
+    engines that must give it back unchanged, so a module that breaks it breaks only itself."""
+    return make_tiny_clf()
+
+
+@pytest.fixture(scope="module")
+def tiny_star_clf(make_tiny_clf):
+    """(5-class classifier over the demo's ratings "1".."5", no head dropout, tokenizer), one per test module."""
+    return make_tiny_clf(["1", "2", "3", "4", "5"], head_dropout=0.0)
+
+
+@pytest.fixture(scope="session")
 def mdsd_dir() -> Path:
     if not (MDSD / "electronics" / "positive.review").is_file():
         pytest.skip(f"real MDSD reviews not found at {MDSD} (see ../shared/data/README.md)")

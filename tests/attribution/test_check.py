@@ -11,22 +11,17 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_pipeline.config import ModelConfig
 from ttt_pipeline.evaluation.attribution_check import TailTrainer, lds, removal_check
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo" / "reviews.jsonl"
 
 
 @pytest.fixture(scope="module")
-def trainer(tiny_bert_dir):
-    from ttt_pipeline.modeling.model import build_classifier
-
-    torch.manual_seed(0)
-    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]),
-                                  ["1", "2", "3", "4", "5"])
+def trainer(tiny_star_clf):
+    model, tok = tiny_star_clf
     reviews = pd.read_json(DEMO, lines=True)
     train = reviews.iloc[:40]
-    trainer = TailTrainer(model.eval(), tok, train["text"].tolist(), (train["rating"] - 1).tolist(),
+    trainer = TailTrainer(model, tok, train["text"].tolist(), (train["rating"] - 1).tolist(),
                           _target_texts(), params="head+last1", max_length=48, epochs=2, lr=1e-2, batch_size=8)
     trainer.tokenizer = tok  # for the checks below
     return trainer

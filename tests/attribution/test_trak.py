@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_pipeline.config import ModelConfig
 from ttt_pipeline.evaluation import attribution as A
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,15 +24,6 @@ def reviews() -> pd.DataFrame:
     return pd.read_json(DEMO, lines=True)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_bert_dir):
-    from ttt_pipeline.modeling.model import build_classifier
-
-    torch.manual_seed(0)
-    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]), LABELS)
-    return model.eval(), tok
-
-
 def _predict(model, tok, texts: list[str]) -> list[int]:
     enc = tok(texts, truncation=True, max_length=48, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -41,8 +31,8 @@ def _predict(model, tok, texts: list[str]) -> list[int]:
 
 
 @pytest.mark.parametrize("params", ["head", "head+last1", "head+last2"])
-def test_tail_reproduces_the_models_logits(tiny, reviews, params):
-    model, tok = tiny
+def test_tail_reproduces_the_models_logits(tiny_star_clf, reviews, params):
+    model, tok = tiny_star_clf
     n = A.tail_size(params)
     enc = A.Encoded.of(tok, reviews["text"][:6].tolist(), 48)
     for _, ids, am in enc.batches(6):
@@ -53,11 +43,11 @@ def test_tail_reproduces_the_models_logits(tiny, reviews, params):
             p.numel() for layer in list(A.encoder_layers(model))[2 - n:] if n for p in layer.parameters())
 
 
-def test_params_beyond_the_encoder_are_a_config_error(tiny):
+def test_params_beyond_the_encoder_are_a_config_error(tiny_star_clf):
     from ttt_pipeline.errors import ConfigError
 
     with pytest.raises(ConfigError, match="attribution.params"):
-        A.Tail(tiny[0], 3)
+        A.Tail(tiny_star_clf[0], 3)
     with pytest.raises(ValueError):
         A.tail_size("last2")
 
@@ -69,8 +59,8 @@ def test_margin_is_the_multiclass_margin():
     assert m.tolist() == pytest.approx(expected, abs=1e-6)
 
 
-def _scores(tiny, reviews, seed: int, params: str = "head+last1", models=None):
-    model, tok = tiny
+def _scores(clf, reviews, seed: int, params: str = "head+last1", models=None):
+    model, tok = clf
     train = reviews.iloc[:64]
     targets = reviews["text"].iloc[100:103].tolist()
     return A.trak_scores(models or [model], tok, train["text"].tolist(), (train["rating"] - 1).tolist(), targets,
@@ -78,15 +68,15 @@ def _scores(tiny, reviews, seed: int, params: str = "head+last1", models=None):
                          seed=seed)
 
 
-def test_scores_are_deterministic_for_a_seed(tiny, reviews):
-    a, b, c = _scores(tiny, reviews, 0), _scores(tiny, reviews, 0), _scores(tiny, reviews, 1)
+def test_scores_are_deterministic_for_a_seed(tiny_star_clf, reviews):
+    a, b, c = _scores(tiny_star_clf, reviews, 0), _scores(tiny_star_clf, reviews, 0), _scores(tiny_star_clf, reviews, 1)
     assert a.scores.shape == (3, 64) and np.isfinite(a.scores).all()
     assert np.array_equal(a.scores, b.scores)  # bit for bit
     assert not np.allclose(a.scores, c.scores)  # the seed draws the projection
     assert a.proj_dim == 32 and a.n_models == 1 and a.projector == "basic-normal"
-    assert a.grad_dim == sum(p.numel() for p in A.Tail(tiny[0], 1).parameters())
+    assert a.grad_dim == sum(p.numel() for p in A.Tail(tiny_star_clf[0], 1).parameters())
     # the stored margins are the model's own margins of the attributed classes
-    model, tok = tiny
+    model, tok = tiny_star_clf
     texts = reviews["text"].iloc[100:103].tolist()
     enc = tok(texts, truncation=True, max_length=48, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -96,11 +86,11 @@ def test_scores_are_deterministic_for_a_seed(tiny, reviews):
 
 
 @pytest.mark.parametrize("params,seed", [("head+last1", 0), ("head+last1", 1), ("head+last2", 0)])
-def test_a_planted_duplicate_ranks_first(tiny, reviews, params, seed):
+def test_a_planted_duplicate_ranks_first(tiny_star_clf, reviews, params, seed):
     """Each target's exact copy, planted in the training set with the attributed label, is its top supporter.
     (Gradients of a random tiny model's head alone, 613 numbers, do not single the copy out reliably: its top
     layer's do.)"""
-    model, tok = tiny
+    model, tok = tiny_star_clf
     targets = reviews["text"].iloc[200:204].tolist()
     attributed = _predict(model, tok, targets)
     train = reviews.iloc[:80]
@@ -113,14 +103,11 @@ def test_a_planted_duplicate_ranks_first(tiny, reviews, params, seed):
     assert res.scores.argmax(1).tolist() == planted
 
 
-def test_an_ensemble_averages_its_checkpoints(tiny, reviews, tiny_bert_dir):
+def test_an_ensemble_averages_its_checkpoints(tiny_star_clf, reviews, make_tiny_clf):
     """Two checkpoints (one loaded lazily) give scores that differ from either alone: TRAK averages them."""
-    from ttt_pipeline.modeling.model import build_classifier
-
-    torch.manual_seed(1)
-    other, _ = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]), LABELS)
-    both = _scores(tiny, reviews, 0, models=[tiny[0], lambda: other.eval()])
-    one = _scores(tiny, reviews, 0)
+    other, _ = make_tiny_clf(LABELS, head_dropout=0.0, seed=1)
+    both = _scores(tiny_star_clf, reviews, 0, models=[tiny_star_clf[0], lambda: other.eval()])
+    one = _scores(tiny_star_clf, reviews, 0)
     assert both.n_models == 2 and both.target_margins.shape == (3, 2)
     assert not np.allclose(both.scores, one.scores)
 
@@ -170,8 +157,8 @@ def test_target_draw_is_capped_round_robin_and_seeded():
     assert [(t["set"], t["index"]) for t in only_breaks] == [("keyboard-3", 2)]
 
 
-def test_explain_lists_supporting_and_opposing_reviews(tiny, reviews):
-    model, tok = tiny
+def test_explain_lists_supporting_and_opposing_reviews(tiny_star_clf, reviews):
+    model, tok = tiny_star_clf
     preds = _preds()
     texts = {name: reviews["text"].iloc[300 + 10 * k:306 + 10 * k].tolist()
              for k, name in enumerate(["clean", "keyboard-3", "shift_books"])}

@@ -8,15 +8,14 @@ import math
 import pandas as pd
 import pytest
 import torch
+from texts import REVIEWS
 
 from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.defenses.masked_ttt import HELDOUT_DRAW, MaskedTTT
 from ttt_pipeline.evaluation.signal import changed_share, heldout_fields, mlm_quality, signal_headline
 from ttt_pipeline.modeling.model import special_token_ids
 
-# not imported from the folder's conftest: a `defenses` import here would shadow bench/defenses.py for the benches
-TEXTS = ["the battery died after two days and support never answered my emails",
-         "great little speaker , loud and clear", "terrible"]
+TEXTS = [REVIEWS[0], REVIEWS[1], REVIEWS[3]]
 
 
 def _engine(tiny_clf, **kw):

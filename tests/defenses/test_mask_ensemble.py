@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from texts import REVIEWS
 
 from ttt_pipeline.defenses.base import EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.mask_ensemble import MaskEnsemble, default_copies
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
-from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
+from ttt_pipeline.modeling.model import special_token_ids
 
-TEXTS = ["the battery died after two days and support never answered my emails",
-         "great little speaker , loud and clear",
-         "it works as described . the cable is a bit short but fine for the price overall",
-         "terrible"]
+TEXTS = REVIEWS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,33 +23,25 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def env(tiny_bert_dir):
-    torch.manual_seed(0)
-    mlm, tok, _ = load_pretrained(str(tiny_bert_dir))
-    meta = ModelMeta(str(tiny_bert_dir), 3, ["a", "b", "c"], [16], 0.1, 48, True)
-    return ReviewClassifier(mlm, meta).eval(), tok
-
-
 def batch(tok, texts, length=None):
     kw = dict(padding="max_length", max_length=length) if length else dict(padding=True)
     enc = tok(list(texts), truncation=True, return_tensors="pt", **kw)
     return enc["input_ids"], enc["attention_mask"]
 
 
-def ensemble(env, **kw):
-    model, tok = env
+def ensemble(tiny_clf, **kw):
+    model, tok = tiny_clf
     copies = kw.pop("copies", None)
     kw.setdefault("mask_prob", 0.3)
     return MaskEnsemble(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**kw), copies=copies)
 
 
-def test_weights_bit_identical_and_mode_restored(env):
-    model, tok = env
+def test_weights_bit_identical_and_mode_restored(tiny_clf):
+    model, tok = tiny_clf
     before = [p.detach().clone() for p in model.parameters()]
     model.train()
     try:
-        out = ensemble(env).predict(*batch(tok, TEXTS))
+        out = ensemble(tiny_clf).predict(*batch(tok, TEXTS))
     finally:
         training = model.training
         model.eval()
@@ -62,10 +52,10 @@ def test_weights_bit_identical_and_mode_restored(env):
     assert torch.allclose(out.exp().sum(-1), torch.ones(len(TEXTS)), atol=1e-5)  # log-probabilities
 
 
-def test_one_copy_is_a_forward_on_ttts_first_mask(env):
-    model, tok = env
+def test_one_copy_is_a_forward_on_ttts_first_mask(tiny_clf):
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
-    out = ensemble(env, copies=1, seed=5).predict(ids, am)
+    out = ensemble(tiny_clf, copies=1, seed=5).predict(ids, am)
     mask = RowHashMasker(0.3, special_token_ids(tok), seed=5)(ids, am, 0)
     assert mask.any()
     with torch.inference_mode():
@@ -76,8 +66,8 @@ def test_one_copy_is_a_forward_on_ttts_first_mask(env):
     assert not torch.allclose(out, plain, atol=1e-4)  # the mask matters
 
 
-def test_copies_rule_and_masks_are_masked_ttts(env):
-    model, tok = env
+def test_copies_rule_and_masks_are_masked_ttts(tiny_clf):
+    model, tok = tiny_clf
     assert default_copies(EngineSettings()) == 4
     assert default_copies(EngineSettings(views=2, steps=3)) == 6
     assert default_copies(EngineSettings(steps=2, draws=3)) == 6
@@ -95,9 +85,9 @@ def test_copies_rule_and_masks_are_masked_ttts(env):
     assert all(torch.equal(a, b) for a, b in zip(seen, ttt_masks))
 
 
-def test_row_alone_equals_row_in_a_batch(env):
-    _, tok = env
-    ens = ensemble(env)
+def test_row_alone_equals_row_in_a_batch(tiny_clf):
+    _, tok = tiny_clf
+    ens = ensemble(tiny_clf)
     together = ens.predict(*batch(tok, TEXTS, length=40))
     for i, text in enumerate(TEXTS):
         alone = ens.predict(*batch(tok, [text]))
@@ -106,17 +96,17 @@ def test_row_alone_equals_row_in_a_batch(env):
     assert torch.allclose(reordered.flip(0), together, atol=1e-5)
 
 
-def test_deterministic_per_seed(env):
-    _, tok = env
+def test_deterministic_per_seed(tiny_clf):
+    _, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
-    a = ensemble(env, seed=1).predict(ids, am)
-    assert torch.equal(a, ensemble(env, seed=1).predict(ids, am))
-    assert not torch.allclose(a, ensemble(env, seed=2).predict(ids, am), atol=1e-4)
+    a = ensemble(tiny_clf, seed=1).predict(ids, am)
+    assert torch.equal(a, ensemble(tiny_clf, seed=1).predict(ids, am))
+    assert not torch.allclose(a, ensemble(tiny_clf, seed=2).predict(ids, am), atol=1e-4)
 
 
-def test_bf16_precision_runs_close_to_fp32(env):
-    _, tok = env
+def test_bf16_precision_runs_close_to_fp32(tiny_clf):
+    _, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
-    fp32 = ensemble(env, precision="fp32").predict(ids, am)
-    bf16 = ensemble(env, precision="bf16").predict(ids, am)
+    fp32 = ensemble(tiny_clf, precision="fp32").predict(ids, am)
+    bf16 = ensemble(tiny_clf, precision="bf16").predict(ids, am)
     assert bf16.dtype == torch.float32 and torch.allclose(fp32, bf16, atol=5e-2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _ops_config import tiny_config
+from tiny_config import tiny_config
 
 from ttt_pipeline.config import PipelineConfig
 
@@ -36,7 +36,7 @@ def test_two_gloo_ranks_train_identical_weights(tmp_path, tiny_bert_dir):
     from ttt_pipeline.storage import StepStore
     from ttt_pipeline.tasks.distributed import launch_finetune
 
-    raw = tiny_config(tmp_path, tiny_bert_dir)
+    raw = tiny_config(tmp_path, tiny_bert_dir, suite="ops")
     raw["data"]["max_train_samples"] = 64
     raw["finetune"].update({"epochs": 4, "batch_size": 8, "lr": 2e-3, "warmup_ratio": 0.0,
                             "weighted_sampler": False, "length_grouping": False, "mlm_warmup_max_steps": 5})

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _ops_config import tiny_config
 from netutil import free_port, listening
+from tiny_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -73,7 +73,8 @@ def pipeline_run(deployed, tiny_bert_dir):
 
     tmp = deployed["tmp"]
     mlflow_url = f"http://127.0.0.1:{deployed['ports']['mlflow']}"
-    cfg = tiny_config(tmp / "work", tiny_bert_dir, tracking_uri=mlflow_url, mode="deployments", timeout_s=400)
+    cfg = tiny_config(tmp / "work", tiny_bert_dir, suite="ops", tracking_uri=mlflow_url,
+                      execution={"mode": "deployments", "timeout_s": 400})
     cfg["tracking"]["experiment"] = "integration"
     t0 = time.monotonic()
     with temporary_settings(updates={PREFECT_API_URL: deployed["env"]["PREFECT_API_URL"]}):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _ops_config import tiny_config
 from netutil import free_port, listening
+from tiny_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -115,7 +115,7 @@ def _champion(tmp: Path, tiny_bert_dir: Path) -> dict:
     from ttt_pipeline.io.tracking import Tracker
     from ttt_pipeline.modeling.model import build_classifier, save_model
 
-    raw = tiny_config(tmp, tiny_bert_dir)
+    raw = tiny_config(tmp, tiny_bert_dir, suite="ops")
     raw["data"]["max_test_samples"] = None
     raw["registry"] = {"enabled": False, "model_name": NAME}
     raw["evaluation"] = {"default_defense": "masked_ttt"}

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from _ops_config import tiny_config
+from tiny_config import tiny_config
 
 from ttt_pipeline.config import PipelineConfig
 
@@ -24,7 +24,7 @@ def setup(tmp_path_factory, tiny_bert_dir):
     from ttt_pipeline.modeling.model import build_classifier, save_model
 
     tmp = tmp_path_factory.mktemp("nightly")
-    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir))
+    cfg = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, suite="ops"))
     cfg.registry.model_name = NAME
     cfg.evaluation.default_defense = "masked_ttt"
     model, tok = build_classifier(cfg.model, cfg.data.label_names)

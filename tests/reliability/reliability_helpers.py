@@ -1,4 +1,5 @@
-"""Helpers of the reliability suite: the tiny pipeline config and the real CLI in a subprocess."""
+"""Helpers of the reliability suite: the real CLI in a subprocess (its configurations: tests/tiny_config.py,
+suite="reliability")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from tiny_config import tiny_config as _tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,12 +31,6 @@ _fault = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault.py")
 if os.path.exists(_fault):  # a test's injected failure (tests/reliability/test_out_of_memory_cli.py)
     exec(compile(open(_fault).read(), _fault, "exec"))
 """
-
-
-def tiny_config(tmp: Path, model_dir: Path, **sections) -> dict:
-    """tests/tiny_config.py with one corruption set, sections overridable."""
-    corruption = {"families": ["tutorial"], "severities": [1]} | sections.pop("corruption", {})
-    return _tiny_config(tmp, model_dir, "reliability", corruption=corruption, **sections)
 
 
 @dataclass

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from reliability_helpers import CliRun, assert_plain_error, run_cli, tiny_config
+from reliability_helpers import CliRun, assert_plain_error, run_cli
+from tiny_config import tiny_config
 
 GOOD = [{"text": f"review number {i}, which is {'great' if c == 5 else 'awful'} overall", "rating": c}
         for c in (1, 5) for i in range(12)]
@@ -96,7 +97,7 @@ def results(tmp_path_factory, tiny_bert_dir, mlflow_db) -> dict[str, tuple[Path,
     def one(name: str, debug: str = "") -> tuple[Path, CliRun]:
         fname, content, data, sections, _ = CASES[name]
         tmp = tmp_path_factory.mktemp(name + debug)
-        cfg = tiny_config(tmp, tiny_bert_dir, **sections)
+        cfg = tiny_config(tmp, tiny_bert_dir, suite="reliability", **sections)
         cfg["tracking"]["tracking_uri"] = mlflow_db
         if fname:
             (tmp / fname).write_bytes(content)
@@ -144,7 +145,8 @@ def _closed_port() -> int:
 def test_unreachable_tracking_server_fails_fast_and_names_the_uri(tmp_path, tiny_bert_dir):
     port = _closed_port()
     pw = "hunter" + "2"  # built at run time: the repository scan must not find it
-    cfg = tiny_config(tmp_path, tiny_bert_dir, tracking={"tracking_uri": f"http://ci:{pw}@127.0.0.1:{port}"})
+    cfg = tiny_config(tmp_path, tiny_bert_dir, suite="reliability",
+                      tracking={"tracking_uri": f"http://ci:{pw}@127.0.0.1:{port}"})
     t0 = time.perf_counter()
     run = run_cli(tmp_path, cfg, timeout=120)
     elapsed = time.perf_counter() - t0

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from reliability_helpers import REPO, cli_args, cli_env, tiny_config, write_config
+from reliability_helpers import REPO, cli_args, cli_env, write_config
+from tiny_config import tiny_config
 
 from ttt_pipeline.storage import MANIFEST, StepStore
 
@@ -18,7 +19,7 @@ HEADLINE = ("acc_clean", "acc_corrupted", "acc_ttt", "acc_clean_ttt", "macro_f1_
 
 
 def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
-    cfg = tiny_config(tmp_path, tiny_bert_dir)
+    cfg = tiny_config(tmp_path, tiny_bert_dir, suite="reliability")
     config = write_config(tmp_path, cfg)
     env = cli_env(tmp_path)
     procs = [subprocess.Popen(cli_args(config, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

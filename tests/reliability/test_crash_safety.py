@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import REPO, cli_args, cli_env, run_cli, tiny_config, write_config
+from reliability_helpers import REPO, cli_args, cli_env, run_cli, write_config
 from safetensors.torch import load_file
+from tiny_config import tiny_config
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
@@ -67,9 +68,10 @@ def _wait_for_epoch(store: Path, proc: subprocess.Popen, timeout: float) -> Path
 
 def test_kill_9_mid_finetune_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_bert_dir):
     run_dir, ref_dir = tmp_path / "killed", tmp_path / "reference"
-    cfg = tiny_config(run_dir, tiny_bert_dir, **RESUMABLE)
+    cfg = tiny_config(run_dir, tiny_bert_dir, suite="reliability", **RESUMABLE)
     ref: dict = {}
-    reference = threading.Thread(target=_reference, args=(tiny_config(ref_dir, tiny_bert_dir, **RESUMABLE), ref))
+    reference = threading.Thread(target=_reference,
+                                 args=(tiny_config(ref_dir, tiny_bert_dir, suite="reliability", **RESUMABLE), ref))
     reference.start()
     try:
         _kill_rerun_compare(run_dir, cfg, reference, ref)
@@ -125,7 +127,8 @@ def _kill_rerun_compare(run_dir: Path, cfg: dict, reference: threading.Thread, r
 
 
 def test_damaged_file_in_a_real_finetune_entry_is_rebuilt_not_used(tmp_path, tiny_bert_dir):
-    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, data={"max_train_samples": 30},
+    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, suite="reliability",
+                                                    data={"max_train_samples": 30},
                                                     finetune={"epochs": 1}))
     store = StepStore(cfg.store)
     data = steps.download(cfg, store)
@@ -153,7 +156,7 @@ def test_sigterm_mid_finetune_ends_within_10_s_with_one_line_then_the_same_comma
     """The measured failure: after SIGTERM the flow was marked Crashed and the process lived on for 40 s printing
     websocket errors of the stopped temporary Prefect server. The signal goes to the whole group, as Ctrl-C and
     `timeout` send it, so the server stops too."""
-    cfg = tiny_config(tmp_path, tiny_bert_dir, **RESUMABLE)
+    cfg = tiny_config(tmp_path, tiny_bert_dir, suite="reliability", **RESUMABLE)
     config = write_config(tmp_path, cfg)
     with open(tmp_path / "first.out", "w") as out, open(tmp_path / "first.err", "w") as err:
         proc = subprocess.Popen(cli_args(config, "--json"), stdout=out, stderr=err, env=cli_env(tmp_path), cwd=REPO,

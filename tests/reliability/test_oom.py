@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from reliability_helpers import tiny_config
+from tiny_config import tiny_config
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
@@ -85,7 +85,8 @@ def test_finetune_step_falls_back_and_records_it(tmp_path, tiny_bert_dir, monkey
     """The hook in steps.finetune: an OOM at batch 16 retrains at 8, from a fresh model and its own checkpoints."""
     import ttt_pipeline.modeling.train as train_mod
 
-    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, data={"max_train_samples": 30}))
+    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, suite="reliability",
+                                                    data={"max_train_samples": 30}))
     store = StepStore(cfg.store)
     data = steps.download(cfg, store)
     tokens = steps.tokenise(cfg, data, store)

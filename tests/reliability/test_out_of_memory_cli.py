@@ -5,7 +5,8 @@ settings that lower memory: never a traceback (measured before: masked TTT's ada
 from __future__ import annotations
 
 import pytest
-from reliability_helpers import run_cli, tiny_config
+from reliability_helpers import run_cli
+from tiny_config import tiny_config
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
@@ -36,7 +37,7 @@ def test_memory_errors_are_recognised_and_others_pass_through():
 
 
 def test_a_step_names_itself_and_its_settings(tmp_path, tiny_bert_dir, monkeypatch):
-    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir))
+    cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, suite="reliability"))
     store = StepStore(cfg.store)
     data = steps.download(cfg, store)
 
@@ -54,7 +55,8 @@ def test_a_step_names_itself_and_its_settings(tmp_path, tiny_bert_dir, monkeypat
 def test_out_of_memory_in_masked_ttt_ends_the_run_with_error_and_hint(tmp_path, tiny_bert_dir):
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe" / "fault.py").write_text(FAULT)  # run by the probe's sitecustomize in the CLI's process
-    run = run_cli(tmp_path, tiny_config(tmp_path, tiny_bert_dir, finetune={"epochs": 1}), timeout=600)
+    run = run_cli(tmp_path, tiny_config(tmp_path, tiny_bert_dir, suite="reliability", finetune={"epochs": 1}),
+                  timeout=600)
     assert run.returncode == 2, run.stderr[-3000:]
     error, hint = run.stderr.strip().splitlines()[-2:]  # after the stage lines: the error and its fix, no more
     assert error.startswith("error: out of memory in evaluate ([enforce fail at alloc_cpu.cpp"), error

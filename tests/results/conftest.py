@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from tiny_config import tiny_config as _tiny_config
-
-
-def tiny_config(tmp: Path, model_dir: Path, epochs: int = 1, lr: float = 1e-4, run_name: str | None = None) -> dict:
-    """A demo-like configuration on a tiny random BERT and a slice of the demo reviews (about 30 s a run)."""
-    return _tiny_config(tmp, model_dir, "results", data={"max_train_samples": 80},
-                        finetune={"epochs": epochs, "lr": lr}, corruption={"severities": [2, 4]},
-                        tracking={"run_name": run_name},
-                        registry={"model_name": "tiny-review-classifier", "metric": "acc_ttt"})
+from tiny_config import tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +16,10 @@ def two_runs(tmp_path_factory, tiny_bert_dir):
     from ttt_pipeline.flows.pipeline import ttt_pipeline
 
     tmp = tmp_path_factory.mktemp("results")
-    cfg_a = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, epochs=1, lr=1e-4, run_name="run-a"))
-    cfg_b = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, epochs=3, lr=2e-3, run_name="run-b"))
+    cfg_a = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, suite="results", epochs=1, lr=1e-4,
+                                                      run_name="run-a"))
+    cfg_b = PipelineConfig.model_validate(tiny_config(tmp, tiny_bert_dir, suite="results", epochs=3, lr=2e-3,
+                                                      run_name="run-b"))
     # Prefect's result records (the task cache) of this session only: no record of another test's store
     with prefect.settings.temporary_settings(
             updates={prefect.settings.PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(tmp / "prefect-results")}):

@@ -9,12 +9,8 @@ from serving_helpers import LABELS
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tiny_bert_dir) -> Path:
-    import torch
+def tiny_model_dir(tmp_path_factory, make_tiny_clf) -> Path:
+    from ttt_pipeline.modeling.model import save_model
 
-    from ttt_pipeline.config import ModelConfig
-    from ttt_pipeline.modeling.model import build_classifier, save_model
-
-    torch.manual_seed(0)
-    model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), max_length=48, head_hidden=[16]), LABELS)
+    model, tok = make_tiny_clf(LABELS, head_dropout=0.0)
     return save_model(model, tok, tmp_path_factory.mktemp("tiny-classifier") / "model")

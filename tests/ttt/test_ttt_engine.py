@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from texts import REVIEWS
 
 from ttt_pipeline.config import TTTConfig
 from ttt_pipeline.defenses import tent as tent_defense
@@ -15,23 +16,11 @@ from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.defenses.params import encoder_layers, make_optimizer, reset_optimizer_state, select_parameters
 from ttt_pipeline.defenses.registry import build_engine
 from ttt_pipeline.defenses.tent import TentEngine
-from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
+from ttt_pipeline.modeling.model import special_token_ids
 
-TEXTS = ["the battery died after two days and support never answered my emails",
-         "great little speaker , loud and clear",
-         "it works as described . the cable is a bit short but fine for the price overall",
-         "terrible",
+TEXTS = [*REVIEWS,
          "i returned it : the screen flickers whenever the fan spins up and the remote is flimsy",
          "five stars , would buy again"]
-
-
-@pytest.fixture(scope="module")
-def env(tiny_bert_dir):
-    torch.manual_seed(0)
-    mlm, tok, _ = load_pretrained(str(tiny_bert_dir))
-    meta = ModelMeta(str(tiny_bert_dir), 3, ["a", "b", "c"], [16], 0.1, 48, True)
-    model = ReviewClassifier(mlm, meta).eval()
-    return model, tok
 
 
 def batch(tok, texts, length=None):
@@ -40,8 +29,8 @@ def batch(tok, texts, length=None):
     return enc["input_ids"], enc["attention_mask"]
 
 
-def engine(env, **kw):
-    model, tok = env
+def engine(tiny_clf, **kw):
+    model, tok = tiny_clf
     kw.setdefault("mask_prob", 0.3)
     kw.setdefault("lr", 1e-3)
     return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**kw))
@@ -63,12 +52,12 @@ def changed_names(model, before):
 @pytest.mark.parametrize("kw", [dict(unit="batch"), dict(unit="sample"), dict(unit="batch", views=2, steps=2),
                                 dict(unit="sample", params="layernorm", optimizer="sgd"),
                                 dict(unit="batch", draws=3, steps=2)])
-def test_weights_bit_identical_after_a_test_set(env, kw):
+def test_weights_bit_identical_after_a_test_set(tiny_clf, kw):
     """Episodic: after many units the model is exactly the source model (restore in place, no leak)."""
-    model, tok = env
+    model, tok = tiny_clf
     before = weights(model)
     storage = [p.data_ptr() for p in model.parameters()]
-    eng = engine(env, **kw)
+    eng = engine(tiny_clf, **kw)
     for i in range(3):
         ids, am = batch(tok, TEXTS[i:i + 3])
         out = eng.predict(ids, am)
@@ -79,10 +68,10 @@ def test_weights_bit_identical_after_a_test_set(env, kw):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_per_sample_prediction_independent_of_batch(env):
+def test_per_sample_prediction_independent_of_batch(tiny_clf):
     """Per-sample units: a review's logits are bit-identical alone, in any batch, at any padding length."""
-    model, tok = env
-    eng = engine(env, unit="sample", lr=1e-2, seed=1)
+    model, tok = tiny_clf
+    eng = engine(tiny_clf, unit="sample", lr=1e-2, seed=1)
     target = TEXTS[2]
     ids, am = batch(tok, [target])
     alone = eng.predict(ids, am)[0]
@@ -96,28 +85,28 @@ def test_per_sample_prediction_independent_of_batch(env):
         assert not torch.allclose(model(ids, am)[0], alone, atol=1e-4)  # and it changed the prediction
 
 
-def test_same_seed_same_predictions_other_seed_differs(env):
-    model, tok = env
+def test_same_seed_same_predictions_other_seed_differs(tiny_clf):
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
-    a = engine(env, seed=3, lr=1e-2).predict(ids, am)
-    b = engine(env, seed=3, lr=1e-2).predict(ids, am)
-    c = engine(env, seed=4, lr=1e-2).predict(ids, am)
+    a = engine(tiny_clf, seed=3, lr=1e-2).predict(ids, am)
+    b = engine(tiny_clf, seed=3, lr=1e-2).predict(ids, am)
+    c = engine(tiny_clf, seed=4, lr=1e-2).predict(ids, am)
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
 
-def test_batch_mode_independent_of_evaluation_order(env):
+def test_batch_mode_independent_of_evaluation_order(tiny_clf):
     """Masks come from row contents, not a running RNG: re-running a batch later gives the same logits."""
-    model, tok = env
-    eng = engine(env, lr=1e-2)
+    model, tok = tiny_clf
+    eng = engine(tiny_clf, lr=1e-2)
     first = batch(tok, TEXTS[:3])
     a = eng.predict(*first)
     eng.predict(*batch(tok, TEXTS[3:]))
     assert torch.equal(eng.predict(*first), a)
 
 
-def test_masker_is_row_local_and_respects_specials(env):
-    model, tok = env
+def test_masker_is_row_local_and_respects_specials(tiny_clf):
+    model, tok = tiny_clf
     masker = RowHashMasker(0.25, special_token_ids(tok), seed=0)
     ids, am = batch(tok, TEXTS, 64)
     m = masker(ids, am, 0)
@@ -132,13 +121,13 @@ def test_masker_is_row_local_and_respects_specials(env):
     assert 0.24 < float(rate) < 0.26  # 40,000 Bernoulli(0.25) draws
 
 
-def test_sub_batches_give_the_same_logits(env):
+def test_sub_batches_give_the_same_logits(tiny_clf):
     """Length-sorted sub-batches accumulate the same gradient as one forward over the unit."""
-    model, tok = env
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS, 64)
-    whole = engine(env, sub_batch_tokens=0, lr=1e-2, views=2).predict(ids, am)
+    whole = engine(tiny_clf, sub_batch_tokens=0, lr=1e-2, views=2).predict(ids, am)
     for sub in (1, 40, 100):
-        eng = engine(env, sub_batch_tokens=sub, lr=1e-2, views=2)
+        eng = engine(tiny_clf, sub_batch_tokens=sub, lr=1e-2, views=2)
         parts = eng.chunks(am)
         assert len(parts) > 1 and sorted(torch.cat(parts).tolist()) == list(range(len(TEXTS)))
         lengths = am.sum(1)
@@ -146,14 +135,14 @@ def test_sub_batches_give_the_same_logits(env):
         assert torch.allclose(eng.predict(ids, am), whole, atol=1e-5)
 
 
-def test_mlm_head_only_at_masked_positions_and_not_when_predicting(env):
-    model, tok = env
+def test_mlm_head_only_at_masked_positions_and_not_when_predicting(tiny_clf):
+    model, tok = tiny_clf
     rows = []
     hook = model.mlm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
     try:
         ids, am = batch(tok, TEXTS)
         masker = RowHashMasker(0.3, special_token_ids(tok), seed=0)
-        eng = engine(env, sub_batch_tokens=0, steps=2)
+        eng = engine(tiny_clf, sub_batch_tokens=0, steps=2)
         eng.mask_fn = masker
         eng.predict(ids, am)
     finally:
@@ -161,15 +150,15 @@ def test_mlm_head_only_at_masked_positions_and_not_when_predicting(env):
     assert rows == [int(masker(ids, am, 0).sum()), int(masker(ids, am, 1).sum())]
 
 
-def test_model_mode_and_requires_grad_restored(env):
-    model, tok = env
+def test_model_mode_and_requires_grad_restored(tiny_clf):
+    model, tok = tiny_clf
     model.train()
     flags = [p.requires_grad for p in model.parameters()]
     seen = []
     hook = model.head.register_forward_hook(lambda m, i, o: seen.append(m.training))
     try:
-        engine(env, params="layernorm").predict(*batch(tok, TEXTS[:2]))
-        out = engine(env).predict(*batch(tok, TEXTS[:2]))
+        engine(tiny_clf, params="layernorm").predict(*batch(tok, TEXTS[:2]))
+        out = engine(tiny_clf).predict(*batch(tok, TEXTS[:2]))
     finally:
         hook.remove()
         assert model.training
@@ -201,10 +190,10 @@ def test_optimizer_reset_equals_fresh_optimizer():
 
 # ------------------------------------------------------------------------------------------- options
 @pytest.mark.parametrize("which", ["all", "layernorm", "top_k", "bias"])
-def test_parameter_selection_adapts_only_what_it_says(env, which):
-    model, tok = env
+def test_parameter_selection_adapts_only_what_it_says(tiny_clf, which):
+    model, tok = tiny_clf
     before = weights(model)
-    eng = engine(env, params=which, top_k=1, lr=1e-2, sub_batch_tokens=0)
+    eng = engine(tiny_clf, params=which, top_k=1, lr=1e-2, sub_batch_tokens=0)
     loss = eng.adapt(*batch(tok, TEXTS))
     assert loss is not None and math.isfinite(loss)
     changed = changed_names(model, before)
@@ -228,27 +217,27 @@ def test_parameter_selection_adapts_only_what_it_says(env, which):
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw", "adam"])
-def test_optimizers_work(env, opt):
-    model, tok = env
+def test_optimizers_work(tiny_clf, opt):
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
     with torch.no_grad():
         plain = model(ids, am)
-    out = engine(env, optimizer=opt, lr=1.0 if opt == "sgd" else 1e-2).predict(ids, am)
+    out = engine(tiny_clf, optimizer=opt, lr=1.0 if opt == "sgd" else 1e-2).predict(ids, am)
     assert torch.isfinite(out).all()
     assert (out - plain).abs().max() > 1e-4
 
 
-def test_views_average_the_loss(env):
+def test_views_average_the_loss(tiny_clf):
     """views=3: the step's loss is the mean over views of each view's masked-token cross-entropy; a view
     with no masked token is left out of the mean."""
-    model, tok = env
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
     base = RowHashMasker(0.3, special_token_ids(tok), seed=0)
 
     def mask_fn(i, a, draw):
         return torch.zeros_like(a, dtype=torch.bool) if draw == 1 else base(i, a, draw)
 
-    eng = engine(env, views=3, sub_batch_tokens=40)
+    eng = engine(tiny_clf, views=3, sub_batch_tokens=40)
     eng.mask_fn = mask_fn
     got = eng.adapt(ids, am)
     eng.reset()
@@ -263,19 +252,19 @@ def test_views_average_the_loss(env):
 
 
 @pytest.mark.parametrize("unit", ["batch", "sample"])
-def test_draws_average_the_probabilities_of_independent_adaptations(env, unit):
+def test_draws_average_the_probabilities_of_independent_adaptations(tiny_clf, unit):
     """draws=3: three adaptations from the source weights, each on its own masks (draw d, step k uses mask
     draw d x steps + k); the result is the log of their mean class probabilities."""
-    model, tok = env
+    model, tok = tiny_clf
     ids, am = batch(tok, TEXTS)
     base = RowHashMasker(0.3, special_token_ids(tok), seed=0)
     probs, steps = [], 0
     for d in range(3):
-        one = engine(env, lr=1e-2, steps=2, unit=unit)
+        one = engine(tiny_clf, lr=1e-2, steps=2, unit=unit)
         one.mask_fn = lambda i, a, k, d=d: base(i, a, d * 2 + k)
         probs.append(one.predict(ids, am).softmax(-1))
         steps += one.stats["steps"]
-    eng = engine(env, lr=1e-2, steps=2, unit=unit, draws=3)
+    eng = engine(tiny_clf, lr=1e-2, steps=2, unit=unit, draws=3)
     got = eng.predict(ids, am)
     assert torch.allclose(got, (sum(probs) / 3).log(), atol=1e-5)
     assert not torch.allclose(probs[0], probs[1], atol=1e-4)  # the draws really differ
@@ -291,9 +280,9 @@ def test_draws_need_episodic_ttt():
     assert TTTConfig(draws=4).draws == 4
 
 
-def test_no_maskable_token_means_no_step(env):
-    model, tok = env
-    eng = engine(env)
+def test_no_maskable_token_means_no_step(tiny_clf):
+    model, tok = tiny_clf
+    eng = engine(tiny_clf)
     eng.mask_fn = lambda i, a, d: torch.zeros_like(a, dtype=torch.bool)
     ids, am = batch(tok, TEXTS[:2])
     with torch.no_grad():
@@ -302,14 +291,14 @@ def test_no_maskable_token_means_no_step(env):
     assert eng.stats["steps"] == 0
 
 
-def test_online_mode_keeps_changes(env):
-    model, tok = env
+def test_online_mode_keeps_changes(tiny_clf):
+    model, tok = tiny_clf
     before = weights(model)
     ids, am = batch(tok, TEXTS)
-    episodic = engine(env, lr=1e-2)
+    episodic = engine(tiny_clf, lr=1e-2)
     e1, e2 = episodic.predict(ids, am), episodic.predict(ids, am)
     assert torch.equal(e1, e2)
-    online = engine(env, lr=1e-2, online=True)
+    online = engine(tiny_clf, lr=1e-2, online=True)
     try:
         assert torch.equal(online.predict(ids, am), e1)  # the first unit starts from the source weights
         assert not same(before, weights(model))  # and its changes are kept
@@ -319,18 +308,18 @@ def test_online_mode_keeps_changes(env):
     assert same(before, weights(model))
 
 
-def test_new_engine_starts_from_source_weights_after_an_online_one(env):
+def test_new_engine_starts_from_source_weights_after_an_online_one(tiny_clf):
     """An online engine leaves the model adapted; building the next engine on it restores the source first."""
-    model, tok = env
+    model, tok = tiny_clf
     before = weights(model)
     ids, am = batch(tok, TEXTS)
-    online = engine(env, lr=1e-2, online=True)
+    online = engine(tiny_clf, lr=1e-2, online=True)
     online.predict(ids, am)
     assert not same(before, weights(model))
-    fresh = engine(env, lr=1e-2)
+    fresh = engine(tiny_clf, lr=1e-2)
     assert same(before, weights(model))
     assert getattr(model, "_ttt_attached_engine", None) is None
-    assert torch.equal(fresh.predict(ids, am), engine(env, lr=1e-2).predict(ids, am))
+    assert torch.equal(fresh.predict(ids, am), engine(tiny_clf, lr=1e-2).predict(ids, am))
 
 
 def test_guard_trips_on_collapse_and_not_on_a_stable_stream():
@@ -349,17 +338,17 @@ def test_guard_trips_on_collapse_and_not_on_a_stable_stream():
     assert "loss" in g.update(float("nan"), 0.5)
 
 
-def test_online_guard_resets_a_diverging_model(env):
+def test_online_guard_resets_a_diverging_model(tiny_clf):
     """A huge SGD step diverges the MLM loss; the guard restores the source weights and counts it."""
-    model, tok = env
+    model, tok = tiny_clf
     before = weights(model)
     ids, am = batch(tok, TEXTS)
-    eng = engine(env, online=True, optimizer="sgd", lr=50.0, guard_warmup=1, guard_ema=1.0)
+    eng = engine(tiny_clf, online=True, optimizer="sgd", lr=50.0, guard_warmup=1, guard_ema=1.0)
     try:
         for _ in range(4):
             eng.predict(ids, am)
         assert eng.stats["resets"] >= 1 and eng.reset_reasons
-        unguarded = engine(env, online=True, optimizer="sgd", lr=50.0, guard=False)
+        unguarded = engine(tiny_clf, online=True, optimizer="sgd", lr=50.0, guard=False)
         assert unguarded.guard is None
     finally:
         eng.reset()
@@ -367,8 +356,8 @@ def test_online_guard_resets_a_diverging_model(env):
 
 
 # ----------------------------------------------------------------------------------------------- tent
-def test_tent_changes_only_layernorm_affine_and_restores(env):
-    model, tok = env
+def test_tent_changes_only_layernorm_affine_and_restores(tiny_clf):
+    model, tok = tiny_clf
     before = weights(model)
     ids, am = batch(tok, TEXTS)
     eng = TentEngine(model, EngineSettings(sub_batch_tokens=40), tent_defense.Settings(lr=1e-2, steps=3))
@@ -389,8 +378,8 @@ def test_tent_changes_only_layernorm_affine_and_restores(env):
 
 
 # ---------------------------------------------------------------------------------------- build/config
-def test_build_engine_from_config(env):
-    model, tok = env
+def test_build_engine_from_config(tiny_clf):
+    model, tok = tiny_clf
     cfg = TTTConfig(methods=["none", "masked_ttt", "tent"], mask_prob=0.2, steps=2, lr=1e-4, optimizer="sgd",
                     params="bias", views=2, unit="sample", seed=7, tent={"lr": 1e-3, "steps": 2})
     assert build_engine("none", model, tok, cfg) is None
@@ -409,22 +398,22 @@ def test_build_engine_from_config(env):
 
 @pytest.mark.parametrize("precision, dtype", [("auto", torch.float32), ("fp32", torch.float32),
                                               ("bf16", torch.bfloat16)])
-def test_precision_sets_the_cpu_compute_dtype(env, precision, dtype):
+def test_precision_sets_the_cpu_compute_dtype(tiny_clf, precision, dtype):
     """auto (on a CPU without native bf16, pinned by conftest) and fp32 keep float32 (parity); bf16 autocasts both the adapt and the prediction passes,
     gives logits close to fp32 and still restores the source weights bit for bit."""
-    model, tok = env
+    model, tok = tiny_clf
     seen = []
     layer = next(m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
     hook = layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     before = weights(model)
     ids, am = batch(tok, TEXTS[:4])
     try:
-        out = engine(env, precision=precision).predict(ids, am)
+        out = engine(tiny_clf, precision=precision).predict(ids, am)
     finally:
         hook.remove()
     assert len(seen) == 2 and set(seen) == {dtype}  # one adapt forward, one prediction forward
     assert out.dtype == torch.float32
-    assert torch.allclose(out, engine(env, precision="fp32").predict(ids, am), atol=5e-2)
+    assert torch.allclose(out, engine(tiny_clf, precision="fp32").predict(ids, am), atol=5e-2)
     assert same(before, weights(model))
 
 
@@ -436,12 +425,12 @@ def test_precision_is_validated():
     assert TTTConfig(precision="bf16").precision == "bf16"
 
 
-def test_predict_hands_the_source_weights_back_after_an_online_set(env):
+def test_predict_hands_the_source_weights_back_after_an_online_set(tiny_clf):
     """`evaluate.predict` closes its engine: an online engine's adapted weights never leak into the next set
     or into plain scoring (the bench and the evaluate step rely on it)."""
     from ttt_pipeline.evaluation.scoring import predict
 
-    model, tok = env
+    model, tok = tiny_clf
     before = weights(model)
     texts = [f"the battery of this charger {w} died after {n} days" for n, w in enumerate(
         ["quickly", "slowly", "again", "twice", "suddenly", "finally"] * 4)]

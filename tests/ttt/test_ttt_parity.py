@@ -19,7 +19,7 @@ import torch
 
 from ttt_pipeline.defenses.base import EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
-from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, special_token_ids
+from ttt_pipeline.modeling.model import special_token_ids
 
 SHIM = Path(__file__).resolve().parents[2] / "bench" / "_torch_ttt_shim.py"
 TEXTS = ["the battery died after two days and support never answered my emails",
@@ -42,11 +42,8 @@ def shim():
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_bert_dir):
-    torch.manual_seed(0)
-    mlm, tok, _ = load_pretrained(str(tiny_bert_dir))
-    meta = ModelMeta(str(tiny_bert_dir), 3, ["a", "b", "c"], [16], 0.1, 40, True)
-    model = ReviewClassifier(mlm, meta).eval()
+def setup(make_tiny_clf):
+    model, tok = make_tiny_clf(max_length=40)
     enc = tok(TEXTS, padding="max_length", max_length=40, truncation=True, return_tensors="pt")
     return model, tok, enc["input_ids"], enc["attention_mask"]
 
