@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from ttt_pipeline.config import EvaluationConfig, TTTConfig
 from ttt_pipeline.evaluation import grid
 from ttt_pipeline.evaluation.grid import TestSet
 from ttt_pipeline.evaluation.scoring import score_texts
-from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained
 
 TEXTS = ["the battery died after two days", "great little speaker , loud and clear", "terrible", "works fine"]
 LABELS = [0, 1, 0, 1]
@@ -29,10 +27,8 @@ def test_jobs_are_sets_by_methods_by_mask_seeds():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_bert_dir):
-    torch.manual_seed(0)
-    mlm, tok, _ = load_pretrained(str(tiny_bert_dir))
-    return ReviewClassifier(mlm, ModelMeta(str(tiny_bert_dir), 2, ["neg", "pos"], [16], 0.1, 48, True)).eval(), tok
+def tiny(make_tiny_clf):
+    return make_tiny_clf(["neg", "pos"])
 
 
 def test_a_row_and_its_predictions_are_the_scoring_functions(tiny):
