@@ -21,6 +21,7 @@ No MLflow here: folders load directly; `ttt_pipeline.io.mlflow_model.load_classi
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import typing
@@ -43,9 +44,11 @@ LOADER_MODULE = "ttt_pipeline.io.mlflow_model"
 OLD_LOADER_MODULES = ("ttt_pipeline.mlflow_model",)
 
 
+@functools.cache
 def inference_fields() -> dict[str, str]:
     """The scalar `ttt.*` settings a caller may set per request, a defense's own as `<defense>.<knob>`
-    (`spell.max_edit_distance`): name -> MLflow param type."""
+    (`spell.max_edit_distance`): name -> MLflow param type. The schema is fixed, so it is read once, not on every
+    request (callers must not change the dict)."""
     from ttt_pipeline.config import TTTConfig
 
     return {k: v for k, v in _scalar_fields(TTTConfig).items() if k.split(".")[0] not in _NOT_INFERENCE}

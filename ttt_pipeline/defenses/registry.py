@@ -9,6 +9,7 @@ section to `build`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Callable
@@ -86,9 +87,11 @@ def known() -> list[str]:
                                                  if e != "none"]
 
 
+@functools.cache
 def settings_types() -> dict[str, type]:
     """`{defense: its Settings class}` for every defense module that defines one (a recipe that reuses another
-    defense's class, as tent_filtered does Tent's, shares that defense's section)."""
+    defense's class, as tent_filtered does Tent's, shares that defense's section). The tables above are fixed, so
+    this is worked out once (callers must not change the dict)."""
     out = {}
     for name, entry in {**ENGINES, **REPAIRS}.items():
         cls = None if entry.module is None else getattr(_module(entry), "Settings", None)
