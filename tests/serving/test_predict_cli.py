@@ -212,3 +212,16 @@ def test_a_spreadsheets_unicode_export_is_read_as_the_pipeline_reads_it(encoding
     bare.write_bytes(src.read_text(encoding=encoding).encode("utf-16-le"))
     rc, _, err = run(capsys, "--model", tiny_model_dir, "--input", bare, "--output", tmp_path / "bare.jsonl")
     assert rc != 0 and "UTF-16 text without a byte-order mark" in err and "iconv -f UTF-16LE" in err, err
+
+
+def test_a_defenses_own_setting_by_its_flat_name(tiny_model_dir, reference, tmp_path, capsys):
+    """`--set ttt.tent.lr=...` (a defense's own section) reaches the engine and the summary names it flat."""
+    src = write_inputs(tmp_path)["txt"]
+    out = tmp_path / "out.jsonl"
+    rc, stdout, err = run(capsys, "--model", tiny_model_dir, "--input", src, "--output", out, "--method", "tent",
+                          "--set", "ttt.tent.lr=0.1", "--set", "ttt.tent.steps=3", "--json")
+    assert rc == 0, err
+    got = [{k: r[k] for k in ("label", "probability", "probabilities")} for r in read_jsonl(out)]
+    assert got == reference.predict(TEXTS, "tent", **{"tent.lr": 0.1, "tent.steps": 3})
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["settings"] == {"tent.lr": 0.1, "tent.steps": 3}

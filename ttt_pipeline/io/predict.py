@@ -509,7 +509,15 @@ def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column:
     return {"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
             "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
             "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
-            "settings": {k: getattr(ttt, k) for k in overrides}}
+            "settings": _applied(ttt, overrides)}
+
+
+def _applied(ttt, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The validated value of each `--set` setting, by its flat name (`spell.max_edit_distance`)."""
+    from ttt_pipeline.config import flatten
+
+    flat = flatten(ttt)
+    return {k: flat[k] for k in overrides}
 
 
 def chunk_size(ttt) -> int | None:
