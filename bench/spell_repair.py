@@ -43,6 +43,16 @@ the tutorial composite (there it must not lower `restored` by more than 0.5 poin
 `misspelling_intact_changed` by more than 0.2 point. The external generators' sets (`ext:` families) and the test
 and validation reviews of bench/defenses.py never enter this check: they are the held-out test, reported after.
 
+Rule for a change aimed at glyph and digit typos (issue 36; written 2026-11-26, committed before any candidate or
+the current repair was measured on the `ocr` family): the `--pool train` check also corrupts the same 700 reviews
+with this project's own `ocr` family (severity 3, seed 1000) and reports `ocr_restored` and `ocr_intact_changed`
+(and `keyboard_intact_changed`). A change is adopted when, against the current repair with vocabulary, it raises
+`ocr_restored` by at least 2 points, lowers `restored` on the tutorial composite, `keyboard_restored` and
+`misspelling_restored` by no more than 0.5 point each, raises none of `intact_changed`, `keyboard_intact_changed`,
+`misspelling_intact_changed`, `ocr_intact_changed` and `clean_changed` by more than 0.2 point, and keeps the
+corrupted speed (fresh cache, with vocabulary) at 200 reviews/s or more. The `ext:` families (nlpaug's OCR and
+keyboard noise among them) never enter this check: they are the held-out test, reported after.
+
 The last stdout line is one JSON object.
 """
 
@@ -123,7 +133,8 @@ def speed(repair_factory, texts: list[str], warm: list[str] | None = None, repea
 
 def pool_check(variants: list[str], severity: int) -> dict:
     """The `--pool train` check (module docstring): each variant (`base`, or fixes joined by `+`) on 700
-    training-pool reviews, tutorial composite and keyboard, seed 1000, vocabulary of the next 700 reviews."""
+    training-pool reviews, tutorial composite, keyboard, misspelling and ocr, seed 1000, vocabulary of the next
+    700 reviews."""
     sys.path.insert(0, str(REPO / "bench"))
     from common import load_domain
 
@@ -131,7 +142,7 @@ def pool_check(variants: list[str], severity: int) -> dict:
     pool = texts[:int(0.8 * len(texts))]
     evaluated, vocabulary = pool[:700], pool[700:1400]
     corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts
-                 for fam in ("tutorial", "keyboard", "misspelling")}
+                 for fam in ("tutorial", "keyboard", "misspelling", "ocr")}
     _base(2)
     out = {}
     for variant in variants:
@@ -142,9 +153,12 @@ def pool_check(variants: list[str], severity: int) -> dict:
         tutorial = effect(make(), evaluated, corrupted["tutorial"])
         keyboard = effect(make(), evaluated, corrupted["keyboard"])
         misspelled = effect(make(), evaluated, corrupted["misspelling"])
+        ocr = effect(make(), evaluated, corrupted["ocr"])
         out[variant] = {"restored": tutorial["restored"], "intact_changed": tutorial["intact_changed"],
                         "clean_changed": tutorial["clean_changed"], "agreement_after": tutorial["agreement_after"],
                         "altered_words": tutorial["altered_words"], "keyboard_restored": keyboard["restored"],
+                        "keyboard_intact_changed": keyboard["intact_changed"],
+                        "ocr_restored": ocr["restored"], "ocr_intact_changed": ocr["intact_changed"],
                         "misspelling_restored": misspelled["restored"],
                         "misspelling_intact_changed": misspelled["intact_changed"],
                         "reviews_per_s_corrupted_vocab": speed(make, corrupted["tutorial"]),
