@@ -20,7 +20,8 @@ from ttt_pipeline.version import __version__
 
 Progress = Callable[[str, int, int, dict], None]
 log = logging.getLogger(__name__)
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "3"}
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "4"}
+# evaluate 4: `spell` reads digits in words as the letters they stand for (its `glyphs` fix, 2026-11-26)
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 DEVICE_ONLY = {"device", "num_workers", "compile"}

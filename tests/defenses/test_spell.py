@@ -158,6 +158,32 @@ def test_default_fixes(repair, typo, fixed):
     assert SpellRepair(fixes=()).repair(typo) != fixed  # the plain closest-word lookup misses each of them
 
 
+@pytest.mark.parametrize("typo, fixed", [
+    ("pr0duct", "product"), ("he11o", "hello"), ("9ood", "good"), ("1ove", "love"),  # OCR glyphs: 0 o, 1 l, 9 g
+    ("Pr0duct", "Product"), ("PR0DUCT", "PRODUCT"), ("w1th", "with"),  # re-cased; 1 for i (OCR) too
+    ("h4lp", "help"), ("s7re", "sure"),  # slipped keys: 4 is next to e, 7 next to u
+])
+def test_glyphs_read_digits_as_the_letters_they_stand_for(repair, typo, fixed):
+    assert repair.repair(f"a {typo} here") == f"a {fixed} here"
+    assert SpellRepair(fixes=[f for f in spell.DEFAULT_FIXES if f != "glyphs"]).repair(typo) == typo
+
+
+def test_glyphs_leave_numbers_units_and_model_names():
+    """Numbers with units, model names and a known word before a number are not glyph typos."""
+    text = "mp3 ps4 4th 2nd 80s 1080p 64gb sd850 x100 ipod2 the2 10 12.5 b00k"
+    assert SpellRepair().repair(text) == text
+
+
+def test_digit_letters_come_from_the_own_ocr_and_keyboard_families():
+    from ttt_pipeline.corruption.characters import KEYBOARD_NEIGHBOURS, OCR_SINGLE
+
+    table = spell._digit_letters()
+    assert table["0"] == "op" and table["1"] == "ilq" and table["9"] == "gio"
+    for letter, written in [*OCR_SINGLE.items(), *KEYBOARD_NEIGHBOURS.items()]:
+        for digit in (c for c in written if c.isdigit() and letter.isalpha()):
+            assert letter.lower() in table[digit]
+
+
 def test_fixes_leave_deliberate_spellings(repair):
     """Brand casing, common dictionary words and words with a closer correction are not touched by the fixes."""
     text = "iPod SanDisk eBay sue greta The battery is great, I use it daily."

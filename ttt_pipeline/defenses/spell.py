@@ -8,7 +8,8 @@ the order (equal counts), several times faster than one pure-Python lookup per w
 Only what is likely a typo is touched, so clean text passes through (almost) unchanged:
 
 - the text is cut into word / non-word runs; punctuation, whitespace and numbers are copied verbatim;
-- candidates are ASCII alphabetic words of 2+ letters: words with digits, apostrophes (don't) or other
+- candidates are ASCII alphabetic words of 2+ letters (and, with `glyphs`, words of 3+ letters with a digit or two
+  where letters belong: pr0duct, 9ood); other words with digits (mp3, 4th, 1080p), apostrophes (don't) or other
   scripts, mixed-case words (iPod, SanDisk: deliberate brand spellings) and all-caps words of up to 4
   letters (DVD, USB, HDMI: acronyms the dictionary lacks) are left as written;
 - words in the dictionary or in the training vocabulary are kept, and so are contractions written without
@@ -27,8 +28,11 @@ the one most probable between its neighbours by symspellpy's shipped bigram coun
 "I ahd" -> "I had", not "and"; without known neighbours it is the most frequent, as before), `confusions` (the known
 words one rewrite away that real misspellings show, learned from codespell's list of Wikipedia's common
 misspellings: gud -> good, ocasion -> occasion; they join SymSpell's closest words and the neighbours rank them all;
-an option until bench/spell_repair.py's rule adopts it). An option, not on by
-default (it failed the check: it costs keyboard typos): `jumble` (the same before the closest-word lookup).
+an option until bench/spell_repair.py's rule adopts it), `glyphs` (a digit read as the letter it is confused with,
+by OCR glyphs or a slipped key, when that spells a known word: pr0duct -> product, he11o -> hello; the pairs come
+from this project's own `ocr` and `keyboard` families; a known word before trailing digits, as in ipod2, is left
+as written). An option, not on by default (it failed the check: it costs keyboard typos): `jumble` (the same
+before the closest-word lookup).
 
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
 the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
@@ -43,6 +47,7 @@ import re
 from collections import Counter
 from functools import lru_cache
 from importlib import resources
+from itertools import product
 from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
@@ -65,12 +70,17 @@ _SPLIT = re.compile(f"({_TOKEN.pattern})")
 _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _DOUBLE = re.compile(r"(.)\1")  # _undoubled has nothing to try without one
+# `glyphs`: a word with a digit or two where letters belong (pr0duct, he11o, 9ood); numbers with units (80s, 4th,
+# 1080p, 64gb) and model names (mp3, ps4, sd850) do not match: 3+ letters, at most 2 digits, 1 leading digit at most.
+_TRAILING_DIGITS = re.compile(r"([a-z]+)[0-9]+")
+_GLYPH = re.compile(r"(?=(?:[^A-Za-z]*[A-Za-z]){3})(?!(?:[^0-9]*[0-9]){3})(?![0-9]{2})[A-Za-z0-9]*[0-9][A-Za-z0-9]*")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions"})
-# The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23); `jumble`
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions", "glyphs"})
+# The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23), and `glyphs`,
+# which passed the glyph-and-digit rule (docs/results.md, 2026-11-26); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
-DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context")
+DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context", "glyphs")
 
 
 class Settings(DefenseSettings):
@@ -117,6 +127,22 @@ def _confusions() -> dict[str, tuple[str, ...]]:
         if n >= CONFUSION_MIN_COUNT and max(len(written), len(meant)) >= 2:  # one letter for one: SymSpell's own
             out.setdefault(written, []).append(meant)
     return {k: tuple(v) for k, v in out.items()}
+
+
+@lru_cache(maxsize=1)
+def _digit_letters() -> dict[str, str]:
+    """digit -> the lower-case letters it stands for when a glyph or a key slips (`glyphs`): inverted from this
+    project's own `ocr` (l -> 1, O -> 0, S -> 5, g -> 9, ...) and `keyboard` (top-row letters next to digits)
+    families, so nothing here is tuned on noise the project did not write."""
+    from ttt_pipeline.corruption.characters import KEYBOARD_NEIGHBOURS, OCR_SINGLE
+
+    out: dict[str, set[str]] = {}
+    for table in (OCR_SINGLE, KEYBOARD_NEIGHBOURS):
+        for letter, written in table.items():
+            for r in written:
+                if letter.isalpha() and r.isdigit():
+                    out.setdefault(r, set()).add(letter.lower())
+    return {d: "".join(sorted(v)) for d, v in sorted(out.items())}
 
 
 @lru_cache(maxsize=4)
@@ -484,6 +510,7 @@ class SpellRepair:
         self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
         self._confused = _confusions() if "confusions" in self.fixes else {}
         self._context = "context" in self.fixes
+        self._glyphs = "glyphs" in self.fixes
         if self._context:
             self._pairs, pairs_total, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
@@ -518,6 +545,8 @@ class SpellRepair:
         """(correction, None) when no closest-word search is needed, else (None, (word to search, edit limit))."""
         if self._known(low):
             return (self._real_word(low) if "real_word" in self.fixes else None), None
+        if not low.isalpha():  # a glyph word (`glyphs`): only _to_correct's _GLYPH lets digits in
+            return self._unglyphed(low), None
         squeezed = _TRIPLE.sub(r"\1\1", low)
         if squeezed != low and self._known(squeezed):
             return squeezed, None
@@ -540,6 +569,20 @@ class SpellRepair:
         if best is None and "jumble_late" in self.fixes and len(squeezed) >= 4:
             best = self._jumbles.get(_jumble_key(squeezed))
         return None if best is None or best == low else best
+
+    def _unglyphed(self, low: str) -> str | tuple | None:
+        """The known word `low` spells with each digit read as a letter it is confused with (_digit_letters), or
+        None; several: the most frequent, or all of them for the neighbours to rank (`context`)."""
+        stem = _TRAILING_DIGITS.fullmatch(low)
+        if stem and self._known(stem.group(1)):
+            return None  # a known word and a number (ipod2, the2): a name or two words run together
+        table = _digit_letters()
+        options = [table.get(c, "") if c.isdigit() else c for c in low]
+        found = {w: self._count(w) for w in map("".join, product(*options)) if self._known(w)}
+        ranked = tuple(sorted(found.items(), key=lambda item: (-item[1], item[0])))
+        if len(ranked) > 1 and self._context:
+            return ranked
+        return ranked[0][0] if ranked else None
 
     def _learned(self, word: str) -> tuple[tuple[str, int], ...]:
         """(term, count) of the known words one learned confusion away (`confusions`, _confusions()), in a fixed
@@ -621,7 +664,7 @@ class SpellRepair:
 
     def _to_correct(self, token: str) -> str | None:
         """The token as it is corrected (shift-key slips undone), or None when it is left as written."""
-        if not _CANDIDATE.fullmatch(token):
+        if not _CANDIDATE.fullmatch(token) and not (self._glyphs and _GLYPH.fullmatch(token)):
             return None
         word = self._case_typo(token) if not _plain_case(token) and "case" in self.fixes else token
         if not _plain_case(word):
