@@ -170,7 +170,9 @@ def default_workers(n_rows: int) -> int:
 
 
 def warmup_mlm_head(model, tokenizer, ds, cfg, device, progress: Progress | None = None) -> list[float]:
-    """Train only the MLM head (encoder frozen) until its loss plateaus: an untrained head makes TTT noise."""
+    """Train only the MLM head (the encoder's layers frozen) until its loss plateaus: an untrained head makes TTT
+    noise. Where the head's decoder is tied to the input word embeddings (BERT, MiniLM), training it moves those
+    embeddings too, so the encoder's input changes; every preset's figures were measured this way."""
     special = special_token_ids(tokenizer)
     head_params = model.mlm_head.parameters_of_head()
     for p in model.parameters():
