@@ -7,10 +7,10 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup lock run test test-slow test-all test-integration test-browser bench lint audit serve serve-model stop clean help
+.PHONY: setup lock run test test-slow test-all test-integration test-browser test-bench bench lint audit serve serve-model stop clean help
 
 help:
-	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | bench | serve | serve-model | stop | audit | clean"
+	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | test-bench | bench | serve | serve-model | stop | audit | clean"
 
 setup: $(STAMP)
 
@@ -48,11 +48,16 @@ run: setup
 # Unit tests and smoke runs (offline, seconds each; <= 10 min on 2 cores): what a developer runs on every change.
 # The end-to-end runs (the demo preset, crash and stop safety, the benches' quick modes) carry the `slow` marker:
 # `make test-slow`, which CI runs once after it. CI also runs test-integration and test-browser.
+# The benches' smoke runs in test-slow train a tiny random BERT (TTT_BENCH_MODEL, bench/common.py); the few checks
+# that need the real MiniLM encoder carry the `bench` marker: `make test-bench` (minutes each; CI does not run them).
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser and not bench" $(PYTEST_ARGS)
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m "slow and not integration and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "slow and not integration and not browser and not bench" $(PYTEST_ARGS)
+
+test-bench: setup
+	$(BIN)/python -m pytest -q -m bench $(PYTEST_ARGS)
 
 test-all: test test-slow test-integration test-browser
 

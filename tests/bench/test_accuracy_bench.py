@@ -1,4 +1,5 @@
-"""bench/accuracy.py --quick: the JSON contract the closing notes and dashboards read (real MDSD reviews)."""
+"""bench/accuracy.py --quick: the JSON contract the closing notes and dashboards read (real MDSD reviews; the tiny
+random BERT as the encoder, tests/bench/conftest.py)."""
 
 from __future__ import annotations
 
@@ -47,13 +48,14 @@ def check_intervals(summary: dict, mask_seeds, shift: bool = True, drop: bool = 
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
+def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path, tiny_bench_model, tiny_bench_env):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--quick", "--json", "--threads", "2",
                            "--finetune", "joint_passes=1", "--ttt-alternatives", "lr=1e-5,params=layernorm"],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+                          capture_output=True, text=True, timeout=900, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(proc.stdout)  # kept by pytest: the table and the JSON, to read after
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == str(tiny_bench_model)  # the tiny random BERT (tests/bench/conftest.py), never MiniLM
     assert out["ours_mode"] == "joint" and out["settings"]["quick"] is True
     assert out["settings"]["finetune"] == {"joint_passes": 1}
     for side in ("tutorial", "ours"):
@@ -104,13 +106,14 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_bench_chooses_ttt_settings_on_the_held_out_selection_set(mdsd_dir):
+def test_quick_bench_chooses_ttt_settings_on_the_held_out_selection_set(mdsd_dir, tiny_bench_model, tiny_bench_env):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--quick", "--json", "--threads", "2",
                            "--skip-tutorial", "--select-ttt", "--selection-size", "8",
                            "--ttt-alternatives", "mask_prob=0.3"],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+                          capture_output=True, text=True, timeout=900, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == str(tiny_bench_model)
     assert out["settings"]["selection_texts"] == 16 and out["settings"]["select_ttt"] is True
     run = out["ours"]["per_seed"][0]
     scores = run["selection_ttt"]

@@ -18,14 +18,15 @@ SETS = ["clean", *OWN, *EXTERNAL, "kitchen", "books"]
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_defenses_bench_contract(mdsd_dir):
+def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env):
     defenses = ["none", "spell", "mask_ensemble", "masked_ttt", "spell+masked_ttt"]
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "defenses.py"), "--quick", "--json", "--threads", "2",
                            "--defenses", *defenses, "--augmented", "none", "spell",
                            "--ttt-candidates", "tutorial", "lr=1e-4", "--min-speed", "0"],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO)
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == str(tiny_bench_model)  # the tiny random BERT (tests/bench/conftest.py)
     names = defenses + ["augment", "augment+spell"]
     assert {(r["defense"], r["set"]) for r in out["rows"]} == {(d, s) for d in names for s in SETS}
     for r in out["rows"]:

@@ -16,13 +16,15 @@ SPREAD = {"median", "min", "max", "n"}
 
 
 @pytest.mark.slow
-def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path):
+def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tiny_bench_model):
     env = {k: v for k, v in os.environ.items() if k != "TTT_CPU_NATIVE_BF16"}  # the bench asks the real CPU
+    env["TTT_BENCH_MODEL"] = str(tiny_bench_model)  # both recipes and the served model on the tiny random BERT
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "speed.py"), "--quick", "--demo", "--json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(proc.stdout)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == out["settings"]["model"] == str(tiny_bench_model)
     assert out["source"] == "demo" and out["train"] == 64 and out["test"] == 48
     rates = out["train_samples_per_s"]
     assert out["finetune_speedup"] == pytest.approx(rates["recipe"] / rates["tutorial"], rel=1e-2)

@@ -19,12 +19,13 @@ ENGINES = {"reference": "acc_reference_ttt", "ours_same": "acc_ours_same", "ours
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_engine_bench_reports_paired_gains(mdsd_dir, tmp_path):
+def test_quick_engine_bench_reports_paired_gains(mdsd_dir, tmp_path, tiny_bench_model, tiny_bench_env):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "ttt_engine.py"), "--quick", "--json", "--no-rss"],
-                          capture_output=True, text=True, timeout=1200, cwd=REPO)
+                          capture_output=True, text=True, timeout=1200, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(proc.stdout)  # kept by pytest: the JSON, to read after
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == str(tiny_bench_model)  # the tiny random BERT (tests/bench/conftest.py), its own cache
     assert out["mask_seeds"] == [0, 1, 2] and out["quick"] is True
     assert out["predictions_compared"] == out["n_test"] * 3
     assert set(out["ttt_gain"]) == set(ENGINES)
