@@ -59,7 +59,7 @@ test-slow: setup
 test-bench: setup
 	$(BIN)/python -m pytest -q -m bench $(PYTEST_ARGS)
 
-test-all: test test-slow test-integration test-browser
+test-all: test test-slow test-integration test-browser test-bench
 
 # ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
 # functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows, the CLI and the benches.
