@@ -38,6 +38,7 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
     "make setup": ".ci/run",
     "make lint": ".ci/run",
     "make bench": "make -n below: its three benches; their --quick modes run in tests/bench (slow suite)",
+    "make test-bench": "make -n below: pytest -m bench (the benches' MiniLM checks; minutes, not in CI)",
     "make serve-model": "tests/serving/test_serving_integration.py (scripts/serve_model.sh, the target's script)",
     ".venv/bin/ttt-pipeline explain RUN_ID --example 71":
         "tests/attribution/test_trak.py::test_stage_logs_and_explain (a tiny random model explains no flip)",
@@ -133,6 +134,9 @@ def test_every_readme_command_is_checked():
     assert dry.returncode == 0, dry.stderr
     for script in ("bench/corruption_speed.py", "bench/ttt_engine.py", "bench/accuracy.py", "scripts/serve_model.sh"):
         assert script in dry.stdout and (REPO / script).is_file()
+    bench_tests = subprocess.run(["make", "-n", "test-bench"], cwd=REPO, capture_output=True, text=True,
+                                 env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
+    assert bench_tests.returncode == 0 and "pytest -q -m bench" in bench_tests.stdout, bench_tests.stderr
 
 
 def test_cli_commands_as_written(checkout):
