@@ -18,6 +18,7 @@ without a vocabulary and with the vocabulary of the reviews not evaluated (the t
 
     .venv/bin/python bench/spell_repair.py [--n 400] [--severity 3] [--seed 42]
     .venv/bin/python bench/spell_repair.py --pool train [--variants ...]
+    .venv/bin/python bench/spell_repair.py --pool external [--variants ...]   # the ext: families, reported after
 
 `--pool train` is the check that chooses changes to the repair, and it never sees a review that
 bench/defenses.py scores or validates on: the first 700 reviews of that bench's training pool (MDSD
@@ -167,18 +168,42 @@ def pool_check(variants: list[str], severity: int) -> dict:
     return {"pool": "train", "reviews": len(evaluated), "seed": 1000, "variants": out}
 
 
+def external_report(variants: list[str], severity: int) -> dict:
+    """`--pool external`: after a change is adopted, the same 700 training-pool reviews and vocabulary as the check,
+    corrupted by the held-out `ext:` families (seed 1000): each variant's restored, intact-changed and agreement
+    shares. A report, never a rule's input (module docstring)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from common import load_domain
+
+    texts, _ = load_domain("electronics")
+    pool = texts[:int(0.8 * len(texts))]
+    evaluated, vocabulary = pool[:700], pool[700:1400]
+    out: dict = {}
+    for family in ("ext:ocr", "ext:keyboard", "ext:random_char", "ext:spelling"):
+        corrupted = corrupt_texts(evaluated, family, severity, 1000).texts
+        for variant in variants:
+            fixes = [] if variant == "base" else DEFAULT_FIXES if variant == "default" else variant.split("+")
+            found = effect(SpellRepair(extra_vocabulary=vocabulary, fixes=fixes), evaluated, corrupted)
+            out.setdefault(family, {})[variant] = {k: found[k] for k in ("restored", "intact_changed",
+                                                                          "agreement_before", "agreement_after")}
+            print(family, variant, json.dumps(out[family][variant]), file=sys.stderr)
+    return {"pool": "external", "reviews": len(evaluated), "seed": 1000, "families": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--severity", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--pool", choices=["test", "train"], default="test",
-                    help="train: the check that chooses changes to spell (module docstring)")
+    ap.add_argument("--pool", choices=["test", "train", "external"], default="test",
+                    help="train: the check that chooses changes to spell (module docstring); external: the held-out "
+                         "ext: families on the same reviews, reported after a change is adopted")
     ap.add_argument("--variants", nargs="+", default=["base"], help="with --pool train: `base` (no fixes), `default`, or fixes joined by +")
     args = ap.parse_args()
-    if args.pool == "train":
-        print(json.dumps(pool_check(args.variants, args.severity)))
+    if args.pool != "test":
+        check = pool_check if args.pool == "train" else external_report
+        print(json.dumps(check(args.variants, args.severity)))
         return
 
     texts = [" ".join(t.split()) for t in read_mdsd_folder(args.data_dir / "electronics")["text"] if t.strip()]
