@@ -132,22 +132,33 @@ def speed(repair_factory, texts: list[str], warm: list[str] | None = None, repea
     return len(texts) / (time.perf_counter() - t)
 
 
-def pool_check(variants: list[str], severity: int) -> dict:
-    """The `--pool train` check (module docstring): each variant (`base`, or fixes joined by `+`) on 700
-    training-pool reviews, tutorial composite, keyboard, misspelling and ocr, seed 1000, vocabulary of the next
-    700 reviews."""
+def training_pool() -> tuple[list[str], list[str]]:
+    """(the check's 700 evaluated reviews, the next 700 as its vocabulary): the first of bench/defenses.py's training
+    pool (MDSD electronics, its shuffle), never a review it scores or validates on."""
     sys.path.insert(0, str(REPO / "bench"))
     from common import load_domain
 
     texts, _ = load_domain("electronics")
     pool = texts[:int(0.8 * len(texts))]
-    evaluated, vocabulary = pool[:700], pool[700:1400]
+    return pool[:700], pool[700:1400]
+
+
+def variant_fixes(variant: str):
+    """`base` (no fixes), `default` (DEFAULT_FIXES) or fixes joined by `+`."""
+    return [] if variant == "base" else DEFAULT_FIXES if variant == "default" else variant.split("+")
+
+
+def pool_check(variants: list[str], severity: int) -> dict:
+    """The `--pool train` check (module docstring): each variant (`base`, or fixes joined by `+`) on 700
+    training-pool reviews, tutorial composite, keyboard, misspelling and ocr, seed 1000, vocabulary of the next
+    700 reviews."""
+    evaluated, vocabulary = training_pool()
     corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts
                  for fam in ("tutorial", "keyboard", "misspelling", "ocr")}
     _base(2)
     out = {}
     for variant in variants:
-        fixes = [] if variant == "base" else DEFAULT_FIXES if variant == "default" else variant.split("+")
+        fixes = variant_fixes(variant)
 
         def make(fixes=fixes):
             return SpellRepair(extra_vocabulary=vocabulary, fixes=fixes)
@@ -172,18 +183,12 @@ def external_report(variants: list[str], severity: int) -> dict:
     """`--pool external`: after a change is adopted, the same 700 training-pool reviews and vocabulary as the check,
     corrupted by the held-out `ext:` families (seed 1000): each variant's restored, intact-changed and agreement
     shares. A report, never a rule's input (module docstring)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from common import load_domain
-
-    texts, _ = load_domain("electronics")
-    pool = texts[:int(0.8 * len(texts))]
-    evaluated, vocabulary = pool[:700], pool[700:1400]
+    evaluated, vocabulary = training_pool()
     out: dict = {}
     for family in ("ext:ocr", "ext:keyboard", "ext:random_char", "ext:spelling"):
         corrupted = corrupt_texts(evaluated, family, severity, 1000).texts
         for variant in variants:
-            fixes = [] if variant == "base" else DEFAULT_FIXES if variant == "default" else variant.split("+")
-            found = effect(SpellRepair(extra_vocabulary=vocabulary, fixes=fixes), evaluated, corrupted)
+            found = effect(SpellRepair(extra_vocabulary=vocabulary, fixes=variant_fixes(variant)), evaluated, corrupted)
             out.setdefault(family, {})[variant] = {k: found[k] for k in ("restored", "intact_changed",
                                                                           "agreement_before", "agreement_after")}
             print(family, variant, json.dumps(out[family][variant]), file=sys.stderr)
