@@ -136,7 +136,7 @@ def test_mlflow_model_is_self_contained(mlflow_model_dir):
     reqs = [Requirement(line) for line in (mlflow_model_dir / "requirements.txt").read_text().splitlines()
             if line.strip()]
     pins = {r.name: str(r.specifier) for r in reqs}
-    assert {"mlflow", "torch", "transformers", "tokenizers", "safetensors", "symspellpy"} <= set(pins)
+    assert {"mlflow", "torch", "transformers", "tokenizers", "safetensors", "symspellpy", "rapidfuzz"} <= set(pins)
     for name, spec_ in pins.items():
         assert spec_.startswith("==") and "+" not in spec_, (name, spec_)  # exact public versions
     assert not [n for n in pins if "ttt" in n]

@@ -52,6 +52,8 @@ from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
 from pydantic import Field
+from rapidfuzz import process
+from rapidfuzz.distance import OSA
 from symspellpy import SymSpell, Verbosity
 
 from ttt_pipeline.defenses.settings import DefenseSettings
@@ -198,7 +200,8 @@ def _anagram_index(max_edit_distance: int) -> tuple[dict[str, str], dict[str, st
 # a word's first 7 letters only, so one lookup meets hundreds of long words sharing a prefix and measures each in
 # pure Python (most of repair's time on typos). _DeleteIndex keys every word by the deletes of the whole word, looks
 # up a whole batch of words in a few array operations, keeps the pairs whose deleted positions an edit can explain
-# (_explained) and measures only those (distance 1 first: CLOSEST keeps only the nearest).
+# (_explained) and measures only those, all in one call (_osa_within; distance 1 first: CLOSEST keeps only the
+# nearest).
 _HASH_BASE = 0x100000001B3  # a spelling's key: sum of code point * base**position, modulo 2**64 (base odd: invertible)
 _HASH_INV = pow(_HASH_BASE, -1, 1 << 64)
 _PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (j, k): the position pairs j < k of an n-letter word
@@ -285,44 +288,11 @@ def _explained(qf, qs, wf, ws, same_f, same_s, k: int) -> np.ndarray:
     return keep
 
 
-def _aligned(a: str, b: str, k: int) -> tuple[str, str, int, int, int] | None:
-    """(shorter, longer, their lengths, length of their common prefix), or None when the lengths alone put them
-    more than k edits apart: the start both distance checks share."""
-    la, lb = len(a), len(b)
-    if la > lb:
-        a, b, la, lb = b, a, lb, la
-    if lb - la > k:
-        return None
-    i = 0
-    while i < la and a[i] == b[i]:
-        i += 1
-    return a, b, la, lb, i
-
-
-def _within1(a: str, b: str) -> bool:
-    """Damerau OSA distance of a and b at most 1 (symspellpy's measure; tested against it exhaustively)."""
-    found = _aligned(a, b, 1)
-    if found is None:
-        return False
-    a, b, la, lb, i = found
-    if la < lb:
-        return a[i:] == b[i + 1:]  # one insertion
-    return (i == la or a[i + 1:] == b[i + 1:]  # equal, or one substitution
-            or (i + 1 < la and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:]))  # one swap
-
-
-def _within2(a: str, b: str) -> bool:
-    """Damerau OSA distance at most 2: the first difference is one edit, and the rest is within 1."""
-    found = _aligned(a, b, 2)
-    if found is None:
-        return False
-    a, b, la, lb, i = found
-    if i == la:
-        return True  # b is a with up to 2 letters added
-    rest_a, rest_b = a[i + 1:], b[i + 1:]
-    if _within1(rest_a, rest_b) or _within1(a[i:], rest_b) or _within1(rest_a, b[i:]):
-        return True
-    return i + 1 < la and a[i] == b[i + 1] and a[i + 1] == b[i] and _within1(a[i + 2:], b[i + 2:])
+def _osa_within(a: list[str], b: list[str], k: int) -> np.ndarray:
+    """Whether each pair a[i], b[i] is within k edits by Damerau OSA distance (symspellpy's measure), all pairs in
+    one C++ call: rapidfuzz is the maintained implementation of that distance, in place of this module's own
+    per-pair checks in Python (a test checks it agrees with symspellpy's DamerauOsa on every pair of short strings)."""
+    return process.cpdist(a, b, scorer=OSA.distance, score_cutoff=k) <= k
 
 
 class _DeleteIndex:
@@ -371,8 +341,8 @@ class _DeleteIndex:
         keep = _explained(qf, qs, wf, ws, same_f, same_s, k)
         key = np.unique(owners[keep] * len(self.words) + rows[keep])
         owners, rows = key // len(self.words), key % len(self.words)
-        within, words = _within1 if k == 1 else _within2, self.words
-        ok = np.array([within(queries[q], words[r]) for q, r in zip(owners.tolist(), rows.tolist())], dtype=bool)
+        words = self.words
+        ok = _osa_within([queries[q] for q in owners.tolist()], [words[r] for r in rows.tolist()], k)
         owners, rows = owners[ok], rows[ok]
         counts = self._counts[rows]
         order = np.lexsort((-counts, owners))  # by query, then most frequent first

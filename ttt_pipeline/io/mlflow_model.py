@@ -50,7 +50,7 @@ INPUT_EXAMPLE = ["Great sound and the battery lasts all day.", "Stopped working 
 # installed `ttt-pipeline` distribution, then prunes everything that distribution requires, leaving the one pin no
 # public index serves as ours (`ttt-pipeline==0.1.0`); the package's code travels in code/ instead.
 REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic",
-                "pyyaml", "symspellpy")
+                "pyyaml", "symspellpy", "rapidfuzz")  # rapidfuzz: `spell`'s edit distances
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ttt_pipeline/: shipped as the model's code/ttt_pipeline
 
 
