@@ -78,11 +78,7 @@ _TRAILING_DIGITS = re.compile(r"([a-z]+)[0-9]+")
 _GLYPH = re.compile(r"(?=(?:[^A-Za-z]*[A-Za-z]){3})(?!(?:[^0-9]*[0-9]){3})(?![0-9]{2})[A-Za-z0-9]*[0-9][A-Za-z0-9]*")
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
-FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions", "glyphs",
-                   "abstain_3x", "abstain_10x"})
-# Candidates of the wrong-word rule (bench/spell_repair.py): with `context`, leave a word as written unless the best
-# of its equally close words is at least this many times as probable between its neighbours as the runner-up.
-ABSTAIN_RATIOS = {"abstain_3x": 3.0, "abstain_10x": 10.0}
+FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions", "glyphs"})
 # The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23), and `glyphs`,
 # which passed the glyph-and-digit rule (docs/results.md, 2026-11-26); `jumble`
 # (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
@@ -485,8 +481,6 @@ class SpellRepair:
         self._confused = _confusions() if "confusions" in self.fixes else {}
         self._context = "context" in self.fixes
         self._glyphs = "glyphs" in self.fixes
-        ratios = [ABSTAIN_RATIOS[f] for f in self.fixes if f in ABSTAIN_RATIOS]
-        self._margin = math.log(max(ratios)) if ratios and self._context else None
         if self._context:
             self._pairs, pairs_total, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
@@ -601,20 +595,18 @@ class SpellRepair:
             out.append((term, count, raw, math.log(n), math.log(scale * n), scale * raw))
         return tuple(out)
 
-    def _ranked(self, found: tuple, before: str | None, after: str | None) -> str | None:
+    def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
         """The candidate (of _prepared's `found`) most probable between its neighbours, P(w | before) P(after | w)
         (neighbours that are not known words count as absent); ties: frequency, then lookup order.
         Written here because symspellpy ranks by distance and frequency only (its compound lookup uses bigrams
         but rewrites spacing and is too slow: module docstring). A pair's count is the shipped bigram count, else what
         independence predicts (scale * count(first) * count(second) / total), capped at the list's cut and floored at 1;
-        written out in the loop (it runs for every candidate), the operations in this order (same floats). None when an
-        `abstain_*` fix finds the runner-up too close: the word is then left as written."""
+        written out in the loop (it runs for every candidate), the operations in this order (same floats)."""
         pairs, total, floor, log = self._pairs, self._total, self._floor, math.log
         before_scale = self._scale * self._count(before) if before else 0.0
         after_count = self._count(after) if after else 0
         left_key, right_key = f"{before} ", f" {after}"
         best, best_score, best_count = None, None, None
-        scores = [] if self._margin is not None else None
         for term, count, raw, log_n, log_scale_n, scale_raw in found:
             # log P(w | before) + log P(after | w), without the terms all candidates share
             if before:
@@ -628,17 +620,10 @@ class SpellRepair:
             else:
                 right = 0.0
             score = left + right
-            if scores is not None:
-                scores.append(score)
             # max of (score, count, -position): a later candidate wins only by a higher score or, equal, count
             if best is None or score > best_score or (score == best_score and count > best_count):
                 best, best_score, best_count = term, score, count
-        return None if scores is not None and self._unsure(scores, best_score) else best
-
-    def _unsure(self, scores: list[float], best: float) -> bool:
-        """`abstain_*`: the runner-up is within the margin of the best (log ratio of their probabilities)."""
-        scores.remove(best)
-        return bool(scores) and best - max(scores) < self._margin
+        return best
 
     def _neighbour(self, word: str | None) -> str | None:
         """A context word for _ranked: a known word with a count, lower-cased, or None."""
@@ -708,8 +693,7 @@ class SpellRepair:
         try:
             return self._ranks[key]
         except KeyError:
-            ranked = self._ranked(found, key[1], key[2])
-            return _remember(self._ranks, key, word if ranked is None else _recase(word, ranked))
+            return _remember(self._ranks, key, _recase(word, self._ranked(found, key[1], key[2])))
 
     def _case_typo(self, word: str) -> str:
         """Shift-key slips on a capitalised word, undone: a doubled capital (TThe -> The) or the capital one
