@@ -1,4 +1,4 @@
-"""bench/defenses.py's selection rule (version 2) and its validation sets, on made-up scores: no model, no data."""
+"""bench/defenses.py's selection rule (version 3) and its validation sets, on made-up scores: no model, no data."""
 
 from __future__ import annotations
 
@@ -62,3 +62,27 @@ def test_every_validation_seed_is_a_corrupted_set(bench):
     keys = ["clean"] + [bench.val_key(f, s, seeds) for f in ("tutorial", "word_swap") for s in seeds]
     assert keys[1:4] == ["tutorial-3", "tutorial-3@8", "tutorial-3@9"]
     assert bench.corrupted_sets(dict.fromkeys(keys + ["kitchen"])) == keys[1:]
+
+
+def test_version_3_a_retrained_lead_inside_the_interval_goes_to_the_plain_model(bench):
+    # augment+spell leads spell by 2 points on 100 reviews (2 reviews): the paired interval reaches 0
+    val = store({"none": scores(0.60, 0.50), "spell": scores(0.60, 0.60), "augment+spell": scores(0.60, 0.62)})
+    chosen = bench.select_default(val, ["none", "spell", "augment+spell"], min_speed=50)
+    assert chosen["name"] == "spell"
+    vs = chosen["retrained_vs_plain"]
+    assert (vs["plain"], vs["retrained"]) == ("spell", "augment+spell")
+    assert vs["delta"] == pytest.approx(0.02) and vs["ci_low"] <= 0 < vs["ci_high"]
+
+
+def test_version_3_a_retrained_lead_above_the_interval_stands(bench):
+    val = store({"none": scores(0.60, 0.50), "spell": scores(0.60, 0.55), "augment+spell": scores(0.60, 0.75)})
+    chosen = bench.select_default(val, ["none", "spell", "augment+spell"], min_speed=50)
+    assert chosen["name"] == "augment+spell"
+    assert chosen["retrained_vs_plain"]["ci_low"] > 0
+    assert chosen["rule_version"] == 3
+
+
+def test_version_3_leaves_plain_model_choices_alone(bench):
+    val = store({"none": scores(0.60, 0.50), "spell": scores(0.60, 0.62), "augment": scores(0.60, 0.61)})
+    chosen = bench.select_default(val, ["none", "spell", "augment"], min_speed=50)
+    assert chosen["name"] == "spell" and "retrained_vs_plain" not in chosen
