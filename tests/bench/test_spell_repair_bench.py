@@ -38,3 +38,18 @@ def test_default_fixes_pass_the_adoption_rule(mdsd_dir):
     for changed in ("intact_changed", "keyboard_intact_changed", "misspelling_intact_changed", "ocr_intact_changed",
                     "clean_changed"):
         assert new[changed] - before[changed] <= 0.002, changed
+    # the wrong-word rule's figures (docs/results.md, session 25): deterministic, so pinned as documented
+    assert new["pooled_restored"] == pytest.approx(0.620, abs=5e-4)
+    assert new["pooled_miscorrected"] == pytest.approx(0.153, abs=5e-4)
+    assert new["keyboard_miscorrected"] == pytest.approx(0.120, abs=5e-4)
+
+
+def test_pooled_weights_each_family_by_its_altered_words():
+    sys.path.insert(0, str(REPO / "bench"))
+    import spell_repair
+
+    effects = {"a": {"altered_words": 100, "restored": 0.5, "miscorrected": 0.2},
+               "b": {"altered_words": 300, "restored": 0.9, "miscorrected": 0.0}}
+    out = spell_repair.pooled(effects)
+    assert out == pytest.approx({"a_miscorrected": 0.2, "b_miscorrected": 0.0, "pooled_restored": 0.8,
+                                 "pooled_miscorrected": 0.05})
