@@ -41,6 +41,10 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     d = out["default"]
     assert d["name"] in names and d["name"] in d["validation"] and d["reviews_per_s"] > 0
     assert set(d["validation"]) == set(names)  # chosen on the validation split: every candidate has its scores
+    assert d["rule_version"] == 3
+    vs = d.get("retrained_vs_plain")  # present when version 2's pick is a retrained model and a plain one is eligible
+    if vs is not None:
+        assert DIFF <= set(vs) and d["name"] == (vs["retrained"] if vs["ci_low"] > 0 else vs["plain"])
     assert len(d["recovered_ci"]) == 2
     assert d["recovered_fraction"] is None or isinstance(d["recovered_fraction"], float)
     for key in ("clean_change", "shift_change"):
