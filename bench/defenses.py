@@ -75,6 +75,8 @@ Output (`--json`: the last stdout line is one JSON object):
   corrupted set and on the external sets pooled (`external_pooled`), each with its drop and interval (`fractions`:
   the same for every defense);
 - estimated_full_run_s: the full run's duration predicted from this run's measured reviews/s per defense.
+With `--keep-validation PATH` the validation scores the selection read are written to PATH (.npz): `load_validation`
+reads them back, and `select_default` on them gives the run's default again, or what a later rule version picks.
 
 Run: `.venv/bin/python bench/defenses.py --json`, or `--quick` (a smoke run on a few reviews, for the tests; about
 20 minutes on the busy 2-core machine). The full run is 3 training seeds x (14 defenses on the plain model and 4 on
@@ -311,6 +313,33 @@ def select_default(val: dict, defenses: list[str], min_speed: float, kw: dict | 
     return out
 
 
+def save_validation(val: dict, path: str) -> None:
+    """The validation scores the selection rule reads (per (defense, set): each draw's 0/1 correctness, its wall
+    seconds and review count), so a later rule version can be applied to a finished run without retraining."""
+    arrays = {}
+    for (defense, s), entries in val.items():
+        key = f"{defense}|{s}"
+        arrays[key + "|correct"] = np.column_stack([e["correct"] for e in entries]).astype(np.uint8)
+        arrays[key + "|wall"] = np.array([e["wall"] for e in entries], dtype=float)
+        arrays[key + "|n"] = np.array([e["n"] for e in entries], dtype=int)
+    tmp = Path(path).with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)  # atomic: a run stopped mid-write leaves the previous file
+
+
+def load_validation(path: str) -> dict:
+    """save_validation's file as the validation store select_default reads."""
+    with np.load(path) as z:
+        keys = {k.rsplit("|", 1)[0] for k in z.files}
+        out = {}
+        for key in sorted(keys):
+            defense, s = key.split("|")
+            correct, wall, n = z[key + "|correct"], z[key + "|wall"], z[key + "|n"]
+            out[(defense, s)] = [{"correct": correct[:, i].astype(float), "wall": float(wall[i]), "n": int(n[i])}
+                                 for i in range(correct.shape[1])]
+    return out
+
+
 def report(test: dict, val: dict, defenses: list[str], families: list[str], args, kw: dict) -> dict:
     from ttt_pipeline.evaluation.stats import recovered_fraction_interval
 
@@ -465,6 +494,8 @@ def parser() -> argparse.ArgumentParser:
                    metavar="K=V[,K=V]", help="TTT settings chosen on validation (`tutorial`: the ttt.* defaults)")
     p.add_argument("--min-speed", type=float, default=50.0, help="reviews/s a default defense must reach")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--keep-validation", help="write the validation scores the selection read here (.npz; "
+                   "load_validation reads them back, so a later rule version can be applied to this run)")
     p.add_argument("--partial-json", help="after each training seed, write the report over the seeds done so far here")
     return p
 
@@ -583,6 +614,8 @@ def main() -> None:
                        "seeds_done": [e["seed"] for e in per_seed]}
             Path(args.partial_json).write_text(json.dumps(partial, default=float))
     kw = {"resamples": 2000, "seed": 0}
+    if args.keep_validation:
+        save_validation(store["val"], args.keep_validation)
     out = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args, kw)}
     out["per_seed"] = per_seed
     out["estimated_full_run_s"] = full_run_estimate(store["test"], store["val"], defenses, args, len(candidates),

@@ -18,11 +18,13 @@ SETS = ["clean", *OWN, *EXTERNAL, "kitchen", "books"]
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env):
+def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env, tmp_path):
     defenses = ["none", "spell", "mask_ensemble", "masked_ttt", "spell+masked_ttt"]
+    kept = tmp_path / "validation.npz"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "defenses.py"), "--quick", "--json", "--threads", "2",
                            "--defenses", *defenses, "--augmented", "none", "spell",
-                           "--ttt-candidates", "tutorial", "lr=1e-4", "--min-speed", "0"],
+                           "--ttt-candidates", "tutorial", "lr=1e-4", "--min-speed", "0",
+                           "--keep-validation", str(kept)],
                           capture_output=True, text=True, timeout=1800, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -42,6 +44,11 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     assert d["name"] in names and d["name"] in d["validation"] and d["reviews_per_s"] > 0
     assert set(d["validation"]) == set(names)  # chosen on the validation split: every candidate has its scores
     assert d["rule_version"] == 3
+    bench = _bench_module()  # the kept validation scores give the same choice and table again
+    again = bench.select_default(bench.load_validation(str(kept)), names, 0.0)
+    assert again["name"] == d["name"]
+    for m in names:
+        assert again["validation"][m] == pytest.approx(d["validation"][m])
     vs = d.get("retrained_vs_plain")  # present when version 2's pick is a retrained model and a plain one is eligible
     if vs is not None:
         assert DIFF <= set(vs) and d["name"] == (vs["retrained"] if vs["ci_low"] > 0 else vs["plain"])
@@ -74,3 +81,12 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     assert run["ttt_selected"] in ("tutorial", "lr=1e-4") and set(run["ttt_validation"]) == {"tutorial", "lr=1e-4"}
     assert run["train_augment"]["augment"]["n_copies"] == 24  # half of the 48 quick training reviews
     assert out["settings"]["quick"] is True and out["estimated_full_run_s"] > 0
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("defenses_bench_kept", REPO / "bench" / "defenses.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

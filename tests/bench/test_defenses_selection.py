@@ -86,3 +86,17 @@ def test_version_3_leaves_plain_model_choices_alone(bench):
     val = store({"none": scores(0.60, 0.50), "spell": scores(0.60, 0.62), "augment": scores(0.60, 0.61)})
     chosen = bench.select_default(val, ["none", "spell", "augment"], min_speed=50)
     assert chosen["name"] == "spell" and "retrained_vs_plain" not in chosen
+
+
+def test_kept_validation_scores_give_the_same_choice(bench, tmp_path):
+    val = store({"none": scores(0.60, 0.50), "spell": scores(0.60, 0.60), "augment+spell": scores(0.60, 0.62)})
+    val[("spell", "clean")].append({"correct": np.ones(100), "wall": 0.5, "n": 100})  # a second draw (mask seed)
+    path = tmp_path / "validation.npz"
+    bench.save_validation(val, str(path))
+    back = bench.load_validation(str(path))
+    assert set(back) == set(val)
+    for key, entries in val.items():
+        assert [(list(e["correct"]), e["wall"], e["n"]) for e in back[key]] == \
+            [(list(e["correct"]), e["wall"], e["n"]) for e in entries]
+    defenses = ["none", "spell", "augment+spell"]
+    assert bench.select_default(back, defenses, 50) == bench.select_default(val, defenses, 50)
