@@ -613,9 +613,9 @@ def main() -> None:
                                                 {"resamples": 2000, "seed": 0}),
                        "seeds_done": [e["seed"] for e in per_seed]}
             Path(args.partial_json).write_text(json.dumps(partial, default=float))
+        if args.keep_validation:  # rewritten after each seed too, as the partial report
+            save_validation(store["val"], args.keep_validation)
     kw = {"resamples": 2000, "seed": 0}
-    if args.keep_validation:
-        save_validation(store["val"], args.keep_validation)
     out = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args, kw)}
     out["per_seed"] = per_seed
     out["estimated_full_run_s"] = full_run_estimate(store["test"], store["val"], defenses, args, len(candidates),
