@@ -121,6 +121,7 @@ from common import (  # noqa: E402
 DEFENSES = ["none", "spell", "mask_ensemble", "masked_ttt", "masked_ttt_views", "masked_ttt_sgd",
             "masked_ttt_lower_norm", "masked_ttt_anchored", "tent", "tent_filtered", "spell+mask_ensemble",
             "spell+masked_ttt", "spell+masked_ttt_anchored", "spell+tent_filtered"]
+BOOTSTRAP = {"resamples": 2000, "seed": 0}  # every interval of the report (paired bootstrap over reviews)
 AUGMENTED = ["none", "spell", "masked_ttt", "spell+masked_ttt"]  # on the robustly trained model, as augment+...
 RECIPES = ["masked_ttt", "masked_ttt_views", "masked_ttt_sgd", "masked_ttt_lower_norm", "masked_ttt_anchored"]
 
@@ -306,7 +307,7 @@ def select_default(val: dict, defenses: list[str], min_speed: float, kw: dict | 
     plain = [d for d in eligible if not d.startswith("augment")]
     if out["name"].startswith("augment") and plain:  # version 3: a retrained model must beat the plain one's best
         rival = min(plain, key=rank)
-        vs = diff(matrix(val, rival, corrupted), matrix(val, out["name"], corrupted), kw or {"resamples": 2000, "seed": 0})
+        vs = diff(matrix(val, rival, corrupted), matrix(val, out["name"], corrupted), kw or BOOTSTRAP)
         out["retrained_vs_plain"] = {**vs, "plain": rival, "retrained": out["name"]}
         if not vs["ci_low"] > 0:
             out["name"] = rival
@@ -610,12 +611,12 @@ def main() -> None:
         log(f"[bench] seed {seed}: {json.dumps(entry, default=float)}")
         if args.partial_json:  # the report over the seeds done so far, rewritten after each (a run cut short keeps it)
             partial = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args,
-                                                {"resamples": 2000, "seed": 0}),
+                                                BOOTSTRAP),
                        "seeds_done": [e["seed"] for e in per_seed]}
             Path(args.partial_json).write_text(json.dumps(partial, default=float))
         if args.keep_validation:  # rewritten after each seed too, as the partial report
             save_validation(store["val"], args.keep_validation)
-    kw = {"resamples": 2000, "seed": 0}
+    kw = BOOTSTRAP
     out = {"model": MODEL, **report(store["test"], store["val"], defenses, data["families"], args, kw)}
     out["per_seed"] = per_seed
     out["estimated_full_run_s"] = full_run_estimate(store["test"], store["val"], defenses, args, len(candidates),

@@ -4,6 +4,7 @@ the few checks that need the real encoder run it under the `bench` marker (`make
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -33,3 +34,13 @@ def minilm_bench_env() -> dict:
     """The environment of a bench subprocess on its default encoder, MiniLM (a TTT_BENCH_MODEL of the shell is
     dropped)."""
     return {k: v for k, v in os.environ.items() if k != "TTT_BENCH_MODEL"}
+
+
+@pytest.fixture(scope="session")
+def defenses_bench():
+    """bench/defenses.py as a module (benches are scripts, not a package): its selection rule and kept scores."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "defenses.py"
+    spec = importlib.util.spec_from_file_location("defenses_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

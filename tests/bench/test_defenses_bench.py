@@ -18,7 +18,7 @@ SETS = ["clean", *OWN, *EXTERNAL, "kitchen", "books"]
 
 @pytest.mark.slow
 @pytest.mark.mdsd
-def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env, tmp_path):
+def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env, tmp_path, defenses_bench):
     defenses = ["none", "spell", "mask_ensemble", "masked_ttt", "spell+masked_ttt"]
     kept = tmp_path / "validation.npz"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "defenses.py"), "--quick", "--json", "--threads", "2",
@@ -44,7 +44,7 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     assert d["name"] in names and d["name"] in d["validation"] and d["reviews_per_s"] > 0
     assert set(d["validation"]) == set(names)  # chosen on the validation split: every candidate has its scores
     assert d["rule_version"] == 3
-    bench = _bench_module()  # the kept validation scores give the same choice and table again
+    bench = defenses_bench  # the kept validation scores give the same choice and table again
     again = bench.select_default(bench.load_validation(str(kept)), names, 0.0)
     assert again["name"] == d["name"]
     for m in names:
@@ -82,11 +82,3 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     assert run["train_augment"]["augment"]["n_copies"] == 24  # half of the 48 quick training reviews
     assert out["settings"]["quick"] is True and out["estimated_full_run_s"] > 0
 
-
-def _bench_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("defenses_bench_kept", REPO / "bench" / "defenses.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("defenses_bench", REPO / "bench" / "defenses.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(defenses_bench):
+    return defenses_bench
 
 
 def store(scores: dict[str, dict[str, tuple[float, float]]]) -> dict:
