@@ -68,8 +68,12 @@ lint: setup
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/function_length.py ttt_pipeline bench --max 80
 
+# Two test files at a time (pytest-xdist, one file per worker: a file's servers and module fixtures stay in one
+# process): the tier waits on servers, pip and subprocesses more than it computes (one file at a time: 25 min wall,
+# 11.7 min CPU on 2 cores, 2026-11-27). INTEGRATION_WORKERS=0 runs them in this process, one after another.
+INTEGRATION_WORKERS ?= 2
 test-integration: setup
-	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m integration -n $(INTEGRATION_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-browser: setup
 	$(BIN)/python -m pytest -q -m browser $(PYTEST_ARGS)
