@@ -44,8 +44,8 @@ def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_en
     assert d["name"] in names and d["name"] in d["validation"] and d["reviews_per_s"] > 0
     assert set(d["validation"]) == set(names)  # chosen on the validation split: every candidate has its scores
     assert d["rule_version"] == 3
-    bench = defenses_bench  # the kept validation scores give the same choice and table again
-    again = bench.select_default(bench.load_validation(str(kept)), names, 0.0)
+    # the kept validation scores give the same choice and table again
+    again = defenses_bench.select_default(defenses_bench.load_validation(str(kept)), names, 0.0)
     assert again["name"] == d["name"]
     for m in names:
         assert again["validation"][m] == pytest.approx(d["validation"][m])
