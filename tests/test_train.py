@@ -174,3 +174,60 @@ def test_frozen_encoder_mode_fits_the_heads_on_an_unchanged_body(tiny_bert_dir, 
     assert {id(p) for p in model.head.parameters()} <= {id(p) for p in trainable}
     assert not {id(p) for p in model.encoder.parameters()} & {id(p) for p in trainable}
     assert len(trainable_parameters(model, "full")) == len(list(model.parameters()))
+
+
+def _tiny_ds(tok):
+    from datasets import Dataset
+
+    texts = ["great excellent love it", "terrible broken awful", "love it great value", "awful waste of money"] * 4
+    enc = tok(texts, truncation=True, max_length=16)
+    return Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0, 1, 0] * 4,
+                              "length": [len(x) for x in enc["input_ids"]]})
+
+
+def test_attention_dropout_is_set_while_training_only_and_changes_the_training(make_tiny_clf, tmp_path, monkeypatch):
+    """finetune.attention_dropout: every self-attention dropout takes the value during the epochs (the fused
+    attention reads it there), the checkpoint's own afterwards; null trains exactly as before the field existed."""
+    import ttt_pipeline.modeling.train as train
+
+    seen = []
+    epoch = train._train_epoch
+    monkeypatch.setattr(train, "_train_epoch", lambda loop, *a: (
+        seen.append([d.p for d in train.attention_dropouts(loop.model)]), epoch(loop, *a))[1])
+    weights = {}
+    for p in (None, 0.0):
+        model, tok = make_tiny_clf(("neg", "pos"))
+        own = [d.p for d in train.attention_dropouts(model)]
+        assert len(own) == 2 and set(own) == {0.1}  # the tiny BERT's two layers, its config's value
+        cfg = FinetuneConfig(epochs=2, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
+                             mlm_warmup_max_steps=0, attention_dropout=p)
+        train.finetune(model, tok, _tiny_ds(tok), _tiny_ds(tok), cfg, tmp_path / str(p))
+        assert [d.p for d in train.attention_dropouts(model)] == own
+        weights[p] = torch.cat([q.detach().flatten() for q in model.encoder.parameters()])
+    assert seen == [[0.1, 0.1]] * 2 + [[0.0, 0.0]] * 2
+    assert not torch.equal(weights[None], weights[0.0])
+
+
+def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig, load_config
+    from ttt_pipeline.modeling.train import attention_dropout
+
+    class Out:
+        digest = "d"
+
+    assert "attention_dropout" not in steps.finetune_inputs(PipelineConfig(), Out(), Out())["finetune"]
+    on = load_config(None, ["finetune.attention_dropout=0"])
+    assert steps.finetune_inputs(on, Out(), Out())["finetune"]["attention_dropout"] == 0.0
+    with pytest.raises(ConfigError, match="finetune.attention_dropout"):
+        load_config(None, ["finetune.attention_dropout=1.5"])
+    assert "attention_dropout=0" in steps._memory_hint(PipelineConfig(), "fine-tune")
+    assert "attention_dropout" not in steps._memory_hint(on, "fine-tune")
+
+    class NoAttention(torch.nn.Module):
+        encoder = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ConfigError, match="finetune.attention_dropout") as err:
+        with attention_dropout(NoAttention(), 0.0):
+            pass
+    assert "null" in err.value.hint

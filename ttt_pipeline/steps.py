@@ -25,6 +25,9 @@ VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 DEVICE_ONLY = {"device", "num_workers", "compile"}
+# Fine-tune settings added later whose null is what ran before they existed: left out of the key when null, so
+# models cached earlier keep their keys.
+OPTIONAL_KEYS = {"augment", "attention_dropout"}
 
 
 def _v(step: str) -> str:
@@ -45,7 +48,10 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
-        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
+        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length})"
+                     + ("" if ft.attention_dropout == 0 else
+                        "; finetune.attention_dropout=0 keeps no attention score matrices")
+                     + "; "
                      "finetune.precision=bf16 halves activations (fast on CUDA and on CPUs with native bf16)",
         "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",
         "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
@@ -114,7 +120,7 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
 
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items()
-          if k not in DEVICE_ONLY and not (k == "augment" and v is None)}  # off: the keys of before it existed
+          if k not in DEVICE_ONLY and not (k in OPTIONAL_KEYS and v is None)}
     ft["precision"] = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision").name
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Sampler
 
+from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.metrics import summarize
 from ttt_pipeline.modeling.model import (
     ReviewClassifier,
@@ -265,6 +267,35 @@ def evaluate_split(model, tokenizer, ds, batch_size: int, device, weights: torch
     return out
 
 
+def attention_dropouts(model) -> list[torch.nn.Dropout]:
+    """The dropout on attention probabilities of a BERT-style encoder (BERT, RoBERTa, MiniLM, ELECTRA): each
+    self-attention module's `dropout`, which transformers passes to the fused attention while training."""
+    return [m.dropout for m in model.encoder.modules()
+            if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), torch.nn.Dropout)]
+
+
+@contextmanager
+def attention_dropout(model, p: float | None):
+    """`finetune.attention_dropout` while training, the checkpoint's own value again afterwards (a saved model and
+    test-time training see what they always saw). None changes nothing."""
+    if p is None:
+        yield
+        return
+    layers = attention_dropouts(model)
+    if not layers:
+        raise ConfigError(f"finetune.attention_dropout: the encoder ({type(model.encoder).__name__}) has no "
+                          "attention dropout this pipeline can set (a BERT-style SelfAttention.dropout)",
+                          "leave finetune.attention_dropout null for this model")
+    before = [d.p for d in layers]
+    for d in layers:
+        d.p = p
+    try:
+        yield
+    finally:
+        for d, q in zip(layers, before):
+            d.p = q
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -504,17 +535,18 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
-    if resume is None:
-        _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
-    loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
-    if resume is not None:
-        _resume(loop, resume, work_dir, result)
-    workers = cfg.num_workers if cfg.num_workers is not None else default_workers(len(train_ds))
-    for epoch in range(loop.start_epoch, cfg.epochs):
-        row = _train_epoch(loop, epoch, train_ds, workers, progress)
-        if _end_epoch(loop, epoch, row, val_ds, work_dir, result):
-            result.stopped_early = True
-            break
+    with attention_dropout(model, cfg.attention_dropout):
+        if resume is None:
+            _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
+        loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
+        if resume is not None:
+            _resume(loop, resume, work_dir, result)
+        workers = cfg.num_workers if cfg.num_workers is not None else default_workers(len(train_ds))
+        for epoch in range(loop.start_epoch, cfg.epochs):
+            row = _train_epoch(loop, epoch, train_ds, workers, progress)
+            if _end_epoch(loop, epoch, row, val_ds, work_dir, result):
+                result.stopped_early = True
+                break
     if best_path.is_file():
         model.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True)["model"])
     result.best_val_macro_f1 = loop.best_f1
