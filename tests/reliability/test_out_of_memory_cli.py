@@ -4,6 +4,8 @@ settings that lower memory: never a traceback (measured before: masked TTT's ada
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from reliability_helpers import run_cli
 from tiny_config import tiny_config
@@ -63,3 +65,39 @@ def test_out_of_memory_in_masked_ttt_ends_the_run_with_error_and_hint(tmp_path, 
     assert hint.startswith("hint: lower ttt.batch_size (now 8)") and "ttt.params=layernorm" in hint, hint
     assert "Traceback" not in run.stderr + run.stdout and "Finished in state Failed" not in run.stderr
     assert "evaluate: started" in run.stderr  # the stages before it ran and are kept
+
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap: Linux only")
+def test_freed_blocks_between_live_ones_go_back_to_the_system():
+    """What fine-tuning's activations of many sizes leave: freed blocks that glibc keeps between live ones."""
+    import torch
+
+    from ttt_pipeline.modeling.oom import release_freed_memory
+
+    torch.empty(4 * 2**20).fill_(1.0)  # freeing a 16 MB block (under 32 MB) raises glibc's mmap threshold past 1 MB
+    blocks = [torch.ones(2**18) for _ in range(300)]  # 300 x 1 MB, touched
+    del blocks[::2]  # 150 MB freed in holes between live blocks: no free top for glibc to shrink by itself
+    before = _rss_mb()
+    release_freed_memory()
+    assert before - _rss_mb() >= 100, (before, _rss_mb())
+    assert all(float(b[0]) == 1.0 for b in blocks)  # the live ones are untouched
+
+
+def test_every_stage_releases_its_freed_memory_when_it_ends(monkeypatch):
+    from ttt_pipeline.modeling import oom
+
+    calls = []
+    monkeypatch.setattr(oom, "release_freed_memory", lambda: calls.append(1))
+    with memory_errors("evaluate", "x"):
+        pass
+    with pytest.raises(RuntimeError, match="shape mismatch"), memory_errors("evaluate", "x"):
+        raise RuntimeError("shape mismatch")
+    with pytest.raises(OutOfMemory), memory_errors("evaluate", "x"):
+        raise MemoryError()
+    assert len(calls) == 3

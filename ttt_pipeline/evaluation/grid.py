@@ -21,6 +21,7 @@ from ttt_pipeline.evaluation.scoring import score, score_texts
 from ttt_pipeline.evaluation.signal import heldout_fields, mlm_quality
 from ttt_pipeline.evaluation.stats import accuracy_interval
 from ttt_pipeline.metrics import softmax
+from ttt_pipeline.modeling.oom import release_freed_memory
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def score_grid(grid: list[Job], model, tokenizer, ttt: TTTConfig, evaluation: Ev
                          {**(quality[s.name] if m.name == "none" else {}), **heldout_fields(engine_stats)}))
         preds.append({**s.fields(), "method": m.name, "mask_seed": job.mask_seed, "label": list(s.labels),
                       "pred": pred.tolist(), "probs": softmax(logits).tolist()})
+        release_freed_memory()  # each method's batches fragment the heap anew; the next starts from what is live
     return rows, preds
 
 
