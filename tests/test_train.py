@@ -192,8 +192,12 @@ def test_attention_dropout_is_set_while_training_only_and_changes_the_training(m
 
     seen = []
     epoch = train._train_epoch
-    monkeypatch.setattr(train, "_train_epoch", lambda loop, *a: (
-        seen.append([d.p for d in train.attention_dropouts(loop.model)]), epoch(loop, *a))[1])
+
+    def recording_epoch(loop, *args):
+        seen.append([d.p for d in train.attention_dropouts(loop.model)])
+        return epoch(loop, *args)
+
+    monkeypatch.setattr(train, "_train_epoch", recording_epoch)
     weights = {}
     for p in (None, 0.0):
         model, tok = make_tiny_clf(("neg", "pos"))
@@ -211,7 +215,7 @@ def test_attention_dropout_is_set_while_training_only_and_changes_the_training(m
 def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig, load_config
-    from ttt_pipeline.modeling.train import attention_dropout
+    from ttt_pipeline.modeling.train import training_attention_dropout
 
     class Out:
         digest = "d"
@@ -228,6 +232,6 @@ def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
         encoder = torch.nn.Linear(2, 2)
 
     with pytest.raises(ConfigError, match="finetune.attention_dropout") as err:
-        with attention_dropout(NoAttention(), 0.0):
+        with training_attention_dropout(NoAttention(), 0.0):
             pass
     assert "null" in err.value.hint

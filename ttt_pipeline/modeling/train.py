@@ -275,7 +275,7 @@ def attention_dropouts(model) -> list[torch.nn.Dropout]:
 
 
 @contextmanager
-def attention_dropout(model, p: float | None):
+def training_attention_dropout(model, p: float | None):
     """`finetune.attention_dropout` while training, the checkpoint's own value again afterwards (a saved model and
     test-time training see what they always saw). None changes nothing."""
     if p is None:
@@ -535,7 +535,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
-    with attention_dropout(model, cfg.attention_dropout):
+    with training_attention_dropout(model, cfg.attention_dropout):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
         loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
