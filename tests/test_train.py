@@ -145,22 +145,27 @@ def test_single_pass_joint_pools_over_unmasked_tokens_only(tiny_bert_dir, tmp_pa
     assert torch.equal(pooled, real & ~masked)  # every unmasked real token is in it
 
 
+def _tiny_ds(tok, repeats: int):
+    """Four separable reviews (positive, negative, ...), `repeats` times, tokenised as the training step reads them."""
+    from datasets import Dataset
+
+    texts = ["great excellent love it", "terrible broken awful", "love it great value", "awful waste of money"]
+    enc = tok(texts * repeats, truncation=True, max_length=16)
+    return Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0, 1, 0] * repeats,
+                              "length": [len(x) for x in enc["input_ids"]]})
+
+
 def test_frozen_encoder_mode_fits_the_heads_on_an_unchanged_body(tiny_bert_dir, tmp_path):
     """Issue 35, the TTT-MAE protocol: the encoder (embeddings included, though BERT ties them to its MLM
     decoder) leaves fine-tuning bit for bit as it came out of the MLM-head warm-up; the classifier and the MLM
     head's own parameters learn; every parameter takes gradients again afterwards (TTT adapts the body)."""
-    from datasets import Dataset
-
     from ttt_pipeline.modeling.model import build_classifier
     from ttt_pipeline.modeling.train import finetune, trainable_parameters
 
     torch.manual_seed(0)
     model, tok = build_classifier(ModelConfig(name=str(tiny_bert_dir), head_hidden=[16], pooling="mean"),
                                   ["neg", "pos"])
-    texts = ["great excellent love it", "terrible broken awful", "love it great value", "awful waste of money"] * 6
-    enc = tok(texts, truncation=True, max_length=16)
-    ds = Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0, 1, 0] * 6,
-                            "length": [len(x) for x in enc["input_ids"]]})
+    ds = _tiny_ds(tok, 6)
     cfg = FinetuneConfig(epochs=12, batch_size=8, lr=1e-2, mode="frozen_encoder", alignment="joint",
                          early_stopping_patience=0, seed=0, precision="fp32", mlm_warmup_max_steps=0)
     body = {n: p.detach().clone() for n, p in model.encoder.named_parameters()}
@@ -174,15 +179,6 @@ def test_frozen_encoder_mode_fits_the_heads_on_an_unchanged_body(tiny_bert_dir, 
     assert {id(p) for p in model.head.parameters()} <= {id(p) for p in trainable}
     assert not {id(p) for p in model.encoder.parameters()} & {id(p) for p in trainable}
     assert len(trainable_parameters(model, "full")) == len(list(model.parameters()))
-
-
-def _tiny_ds(tok):
-    from datasets import Dataset
-
-    texts = ["great excellent love it", "terrible broken awful", "love it great value", "awful waste of money"] * 4
-    enc = tok(texts, truncation=True, max_length=16)
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "label": [1, 0, 1, 0] * 4,
-                              "length": [len(x) for x in enc["input_ids"]]})
 
 
 def test_attention_dropout_is_set_while_training_only_and_changes_the_training(make_tiny_clf, tmp_path, monkeypatch):
@@ -205,7 +201,7 @@ def test_attention_dropout_is_set_while_training_only_and_changes_the_training(m
         assert len(own) == 2 and set(own) == {0.1}  # the tiny BERT's two layers, its config's value
         cfg = FinetuneConfig(epochs=2, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
                              mlm_warmup_max_steps=0, attention_dropout=p)
-        train.finetune(model, tok, _tiny_ds(tok), _tiny_ds(tok), cfg, tmp_path / str(p))
+        train.finetune(model, tok, _tiny_ds(tok, 4), _tiny_ds(tok, 4), cfg, tmp_path / str(p))
         assert [d.p for d in train.attention_dropouts(model)] == own
         weights[p] = torch.cat([q.detach().flatten() for q in model.encoder.parameters()])
     assert seen == [[0.1, 0.1]] * 2 + [[0.0, 0.0]] * 2

@@ -45,14 +45,13 @@ def resolved_precision(device: str, precision: str, field: str):
 def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     """The settings that lower a stage's memory, with their current values."""
     length, ft, ttt = cfg.model.max_length, cfg.finetune, cfg.ttt
+    attention = "" if ft.attention_dropout == 0 else "finetune.attention_dropout=0 keeps no attention score matrices; "
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
-        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length})"
-                     + ("" if ft.attention_dropout == 0 else
-                        "; finetune.attention_dropout=0 keeps no attention score matrices")
-                     + "; "
-                     "finetune.precision=bf16 halves activations (fast on CUDA and on CPUs with native bf16)",
+        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
+                     f"{attention}finetune.precision=bf16 halves activations (fast on CUDA and on CPUs with native "
+                     "bf16)",
         "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",
         "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
                     f"ttt.params=layernorm adapts and copies far fewer weights than ttt.params={ttt.params}",

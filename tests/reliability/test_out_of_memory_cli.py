@@ -67,7 +67,6 @@ def test_out_of_memory_in_masked_ttt_ends_the_run_with_error_and_hint(tmp_path, 
     assert "evaluate: started" in run.stderr  # the stages before it ran and are kept
 
 
-
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20

@@ -15,6 +15,7 @@ memory, which the command prints as `error:` / `hint:` instead of a traceback.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import logging
 import sys
@@ -86,14 +87,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _MEMORY_WORDS)
 
 
+@functools.cache
 def _glibc():
+    """glibc, opened on first use; None where there is none (not Linux, or musl)."""
     try:
         return ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
-    except OSError:  # a Linux without glibc (musl): nothing to trim
+    except OSError:
         return None
-
-
-_LIBC = _glibc()
 
 
 def release_freed_memory() -> None:
@@ -102,11 +102,10 @@ def release_freed_memory() -> None:
     (2026-11-27), the heap held 1.8 GB when the evaluate step began while 0.6 GB of it was live, and the process
     stayed at that size to the end. torch has no CPU cache to empty, so this asks glibc itself (`malloc_trim`);
     it changes no result, only what the process holds between stages."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    _free_cuda()  # garbage collected first, so what the stage dropped is free to give back
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 @contextmanager
@@ -120,7 +119,6 @@ def memory_errors(stage: str, hint: str) -> Iterator[None]:
         if isinstance(exc, PipelineError) or not is_out_of_memory(exc):
             raise
         detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        gc.collect()
         raise OutOfMemory(f"out of memory in {stage} ({detail})", hint) from exc
     finally:
         release_freed_memory()
