@@ -274,6 +274,36 @@ def test_closest_words_are_symspellpy_lookups(max_edit_distance):
     assert sum(len(f) > 1 for f in found) > 100 and any(len(f) > 1 and f[0][1] == f[1][1] for f in found)
 
 
+def test_level_finds_exactly_the_entries_under_each_hash():
+    """_Level's buckets (top bits of the mixed key) return every indexed entry whose hash equals a query's and no
+    other, for spellings of every length: one letter (the smallest keys), words sharing deletes, absent ones."""
+    words = ["a", "ab", "ba", "abc", "cab", "the", "tea", "eat", "battery", "batteries", "zzz"]
+    hashes, owners, first, second = spell._delete_hashes(words, (0, 1, 2))
+    level = spell._Level(hashes, owners, first, second)
+    queries = ["a", "b", "ab", "tae", "batery", "q", "zz", "xyzw"]
+    q_hashes, q_owners, q_first, q_second = spell._delete_hashes(queries, (0, 1))
+    got = level.pairs(q_hashes, q_owners, q_first, q_second)
+    expected = sorted((int(o), int(r), int(f), int(s), int(wf), int(ws))
+                      for h, o, f, s in zip(q_hashes, q_owners, q_first, q_second)
+                      for hh, r, wf, ws in zip(hashes, owners, first, second) if hh == h)
+    assert sorted(zip(*(column.tolist() for column in got))) == expected
+    assert len(expected) > 20 and {o for o, *_ in expected} >= {0, 1, 2, 3, 4}
+    empty = spell._Level(*(column[:0] for column in (hashes, owners, first, second)))
+    assert all(len(column) == 0 for column in empty.pairs(q_hashes, q_owners, q_first, q_second))
+
+
+def test_real_word_rewrites_are_the_rule_on_every_dictionary_word():
+    """_real_words (found once per dictionary) is the rule itself: a word rarer than 10^7 -> the anagram 1,000x
+    as frequent; frequent words and words without one are absent."""
+    table, counts = spell._real_words(2), spell._base(2).words
+    assert table["rae"] == "are" and "are" not in table and "the" not in table
+    for word, other in table.items():
+        assert counts[word] < spell.REAL_WORD_MAX_COUNT and counts[other] >= spell.REAL_WORD_RATIO * counts[word]
+        assert sorted(word) == sorted(other) and word != other
+    assert SpellRepair(fixes=("real_word",)).repair("rae you there") == "are you there"
+    assert SpellRepair(fixes=("case",)).repair("rae you there") == "rae you there"
+
+
 def test_one_text_at_a_time_is_the_batch():
     """repair_all resolves a batch's new words together (one search for all); text by text gives the same."""
     texts = _sample()

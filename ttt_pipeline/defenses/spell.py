@@ -249,24 +249,38 @@ def _flat_codes(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(("\0" + "".join(words) + "\0").encode("utf-32-le", "surrogatepass"), np.uint32), starts
 
 
+# Spreads the keys over the top bits, which pick a bucket (_Level): a short spelling's key is small (one letter:
+# its code point). Multiplying by an odd number modulo 2**64 is one-to-one, so equal keys stay equal, others apart.
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
 class _Level:
-    """Words under the hashes of some of their deletes, sorted by hash, with the deleted positions."""
+    """Words under the hashes of some of their deletes, sorted by hash, with the deleted positions; `starts[b]` is
+    where bucket b (a hash's top bits) begins, about one entry per bucket: a lookup costs two array reads, not a
+    binary search over millions of hashes (repair's time on new words)."""
 
     def __init__(self, hashes: np.ndarray, owners: np.ndarray, first: np.ndarray, second: np.ndarray):
+        hashes = hashes * _MIX
         order = np.argsort(hashes)
         self.hashes, self.rows, self.first, self.second = hashes[order], owners[order], first[order], second[order]
+        bits = max(1, len(hashes).bit_length() - 1)  # 2**bits buckets: one or two entries each
+        self.shift = np.uint64(64 - bits)
+        lower = np.arange(2 ** bits, dtype=np.uint64) << self.shift  # each bucket's smallest hash
+        self.starts = np.append(self.hashes.searchsorted(lower), len(hashes)).astype(np.int32)  # 4 bytes a bucket
 
     def pairs(self, hashes, owners, first, second) -> tuple[np.ndarray, ...]:
         """(owner, word position, the owner's deleted positions, the word's) for every word indexed under one
-        of the owners' delete `hashes` (with `first`, `second` its deleted positions)."""
-        order = np.argsort(hashes)  # ascending keys: each binary search starts where the last ended (fewer misses)
-        hashes, owners, first, second = hashes[order], owners[order], first[order], second[order]
-        lo, hi = self.hashes.searchsorted(hashes, "left"), self.hashes.searchsorted(hashes, "right")
-        sizes = hi - lo
+        of the owners' delete `hashes` (with `first`, `second` its deleted positions), grouped by hash."""
+        hashes = hashes * _MIX
+        bucket = (hashes >> self.shift).astype(np.int64)
+        lo, hi = self.starts[bucket].astype(np.int64), self.starts[bucket + 1].astype(np.int64)
+        sizes = hi - lo  # the bucket's entries; those with the query's hash are kept
         ends = np.cumsum(sizes)
         at = np.arange(ends[-1] if len(ends) else 0) + np.repeat(lo - ends + sizes, sizes)
-        return (np.repeat(owners, sizes), self.rows[at], np.repeat(first, sizes), np.repeat(second, sizes),
-                self.first[at], self.second[at])
+        same = self.hashes[at] == np.repeat(hashes, sizes)
+        at = at[same]
+        return (np.repeat(owners, sizes)[same], self.rows[at], np.repeat(first, sizes)[same],
+                np.repeat(second, sizes)[same], self.first[at], self.second[at])
 
 
 def _explained(qf, qs, wf, ws, same_f, same_s, k: int) -> np.ndarray:
@@ -348,12 +362,11 @@ class _DeleteIndex:
         order = np.lexsort((-counts, owners))  # by query, then most frequent first
         owners, rows, counts = owners[order], rows[order], counts[order]
         tied = set(owners[1:][(owners[1:] == owners[:-1]) & (counts[1:] == counts[:-1])].tolist())
-        found: dict[int, tuple[list, bool]] = {}
-        for q, r, c in zip(owners.tolist(), rows.tolist(), counts.tolist()):
-            if q not in found:
-                found[q] = ([], q in tied)
-            found[q][0].append((words[r], c))
-        return found
+        items = list(zip([words[r] for r in rows.tolist()], counts.tolist()))
+        if not items:
+            return {}
+        bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), len(items)]  # one run per query
+        return {q: (items[a:b], q in tied) for q, a, b in zip(owners[bounds[:-1]].tolist(), bounds, bounds[1:])}
 
 
 def _closest(sym: SymSpell, index: _DeleteIndex, queries: list[tuple[str, int]]) -> list[tuple[int, list, bool]]:
@@ -395,6 +408,21 @@ def _undoubled(word: str, limit: int = 4):
     for mask in range(1, 2 ** len(runs)):
         drop = [runs[b] for b in range(len(runs)) if mask >> b & 1]  # ascending positions
         yield "".join(word[start + 1:end] for start, end in zip([-1] + drop, drop + [len(word)]))
+
+
+@lru_cache(maxsize=4)
+def _real_words(max_edit_distance: int) -> dict[str, str]:
+    """`real_word`'s rewrites, found once for the whole shipped dictionary: each dictionary word rarer than
+    REAL_WORD_MAX_COUNT whose letters spell one REAL_WORD_RATIO times as frequent (rae -> are) -> that word. (A
+    training-vocabulary word is never one: the vocabulary adds only words the dictionary lacks.)"""
+    counts, letters = _base(max_edit_distance).words, _anagram_index(max_edit_distance)[1]
+    out = {}
+    for word, n in counts.items():
+        if n < REAL_WORD_MAX_COUNT:
+            other = letters.get(_letters_key(word))
+            if other and other != word and counts[other] >= REAL_WORD_RATIO * n:
+                out[word] = other
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -477,7 +505,8 @@ class SpellRepair:
         unknown = self.fixes - FIXES
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
-        self._jumbles, self._letters = _anagram_index(self.max_edit_distance) if self.fixes else ({}, {})
+        self._jumbles = _anagram_index(self.max_edit_distance)[0] if self.fixes else {}
+        self._real_words = _real_words(self.max_edit_distance) if "real_word" in self.fixes else {}
         self._confused = _confusions() if "confusions" in self.fixes else {}
         self._context = "context" in self.fixes
         self._glyphs = "glyphs" in self.fixes
@@ -498,14 +527,6 @@ class SpellRepair:
     def _count(self, word: str) -> int:
         return EXTRA_COUNT if word in self.extra_words else self._words.get(word, 0)
 
-    def _real_word(self, low: str) -> str | None:
-        """A rare dictionary word whose letters spell a far more frequent one (rae -> are), or None."""
-        n = self._words.get(low)
-        if n is None or n >= REAL_WORD_MAX_COUNT or low in self.extra_words:
-            return None
-        other = self._letters.get(_letters_key(low))
-        return other if other and other != low and self._count(other) >= REAL_WORD_RATIO * n else None
-
     def _correct(self, low: str) -> str | tuple | None:
         """Lower-case correction of a lower-case candidate, None to keep it, or its equally close candidates."""
         fixed, search = self._without_search(low)
@@ -514,7 +535,7 @@ class SpellRepair:
     def _without_search(self, low: str) -> tuple[str | None, tuple[str, int] | None]:
         """(correction, None) when no closest-word search is needed, else (None, (word to search, edit limit))."""
         if self._known(low):
-            return (self._real_word(low) if "real_word" in self.fixes else None), None
+            return self._real_words.get(low), None  # `real_word`
         if not low.isalpha():  # a glyph word (`glyphs`): only _to_correct's _GLYPH lets digits in
             return self._unglyphed(low), None
         squeezed = _TRIPLE.sub(r"\1\1", low)
