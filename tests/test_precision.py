@@ -80,3 +80,33 @@ def test_cache_keys_carry_the_resolved_precision(monkeypatch, native, key):
     forced = cfg.model_copy(deep=True)
     forced.finetune.precision = key
     assert steps.finetune_inputs(forced, up, up) == steps.finetune_inputs(cfg, up, up)
+
+
+def test_attention_auto_is_eager_under_bf16_on_a_cpu_and_the_checkpoints_own_elsewhere():
+    """finetune.attention: auto picks eager only where the fused attention's backward is the slow part (bf16 on a
+    CPU); explicit values are honoured; an unknown one fails naming the field."""
+    assert precision.resolve_attention("cpu", "bf16").name == "eager"
+    assert precision.resolve_attention("cpu", "fp32").name is None
+    assert precision.resolve_attention("cuda", "bf16").name is None
+    assert precision.resolve_attention("cpu", "fp32", "eager").name == "eager"
+    assert precision.resolve_attention("cpu", "bf16", "sdpa").name == "sdpa"
+    assert "bf16 on a CPU" in precision.resolve_attention("cpu", "bf16").reason
+    with pytest.raises(ConfigError, match="finetune.attention='flash'"):
+        precision.resolve_attention("cpu", "bf16", "flash")
+
+
+@pytest.mark.parametrize("native, key", [(True, "eager"), (False, None)])
+def test_cache_keys_carry_the_attention_only_where_it_changes(monkeypatch, native, key):
+    """A CPU without native bf16 keeps the keys it had before finetune.attention existed (no `attention` entry);
+    a bf16 CPU keys the eager attention it trains with; an explicit value is keyed as given."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig
+    from ttt_pipeline.storage import StepOutput
+
+    _cpu(monkeypatch, native)
+    up = StepOutput(step="x", key="k", path="x", digest="d", cached=True, meta={"sets": {}})
+    cfg = PipelineConfig().model_copy(deep=True)
+    cfg.finetune.device = "cpu"
+    assert steps.finetune_inputs(cfg, up, up)["finetune"].get("attention") == key
+    cfg.finetune.attention = "sdpa"
+    assert steps.finetune_inputs(cfg, up, up)["finetune"]["attention"] == "sdpa"

@@ -208,7 +208,7 @@ def test_attention_dropout_is_set_while_training_only_and_changes_the_training(m
     assert not torch.equal(weights[None], weights[0.0])
 
 
-def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
+def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set(monkeypatch):
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig, load_config
     from ttt_pipeline.modeling.train import training_attention_dropout
@@ -221,8 +221,12 @@ def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
     assert steps.finetune_inputs(on, Out(), Out())["finetune"]["attention_dropout"] == 0.0
     with pytest.raises(ConfigError, match="finetune.attention_dropout"):
         load_config(None, ["finetune.attention_dropout=1.5"])
+    monkeypatch.setenv("TTT_CPU_NATIVE_BF16", "0")  # fp32: auto keeps the fused attention
     assert "attention_dropout=0" in steps._memory_hint(PipelineConfig(), "fine-tune")
     assert "attention_dropout" not in steps._memory_hint(on, "fine-tune")
+    monkeypatch.setenv("TTT_CPU_NATIVE_BF16", "1")  # bf16: auto trains with eager attention, which keeps the scores
+    assert "finetune.attention=sdpa" in steps._memory_hint(on.model_copy(update={"finetune": on.finetune.model_copy(
+        update={"device": "cpu"})}), "fine-tune")
 
     class NoAttention(torch.nn.Module):
         encoder = torch.nn.Linear(2, 2)
@@ -231,3 +235,43 @@ def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set():
         with training_attention_dropout(NoAttention(), 0.0):
             pass
     assert "null" in err.value.hint
+
+
+def test_attention_implementation_is_set_while_training_only(make_tiny_clf, tmp_path, monkeypatch):
+    """finetune.attention: the encoder runs the resolved implementation during the epochs and its own afterwards
+    (a saved model serves as it always did); auto under fp32 changes nothing."""
+    import ttt_pipeline.modeling.train as train
+
+    seen = []
+    epoch = train._train_epoch
+
+    def recording_epoch(loop, *args):
+        seen.append(loop.model.mlm_model.config._attn_implementation)
+        return epoch(loop, *args)
+
+    monkeypatch.setattr(train, "_train_epoch", recording_epoch)
+    for attention in ("auto", "eager"):
+        model, tok = make_tiny_clf(("neg", "pos"))
+        own = model.mlm_model.config._attn_implementation
+        cfg = FinetuneConfig(epochs=1, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
+                             mlm_warmup_max_steps=0, attention=attention, device="cpu")
+        train.finetune(model, tok, _tiny_ds(tok, 4), _tiny_ds(tok, 4), cfg, tmp_path / attention)
+        assert model.mlm_model.config._attn_implementation == own == "sdpa"
+    assert seen == ["sdpa", "eager"]
+
+
+def test_an_encoder_that_cannot_switch_its_attention_fails_with_a_hint():
+    from ttt_pipeline.modeling.train import training_attention
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlm_model = torch.nn.Linear(2, 2)
+            self.mlm_model.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+
+    with pytest.raises(ConfigError, match="cannot switch its attention to eager") as err:
+        with training_attention(Fixed(), "eager"):
+            pass
+    assert "finetune.attention=sdpa" in err.value.hint
+    with training_attention(Fixed(), None), training_attention(Fixed(), "sdpa"):
+        pass  # nothing to switch

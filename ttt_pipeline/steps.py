@@ -42,10 +42,22 @@ def resolved_precision(device: str, precision: str, field: str):
     return resolve_precision(pick_device(device), precision, field)
 
 
+def resolved_attention(cfg: PipelineConfig):
+    """What `finetune.attention` means on this machine (modeling/precision.py), for cache keys and run metadata."""
+    from ttt_pipeline.modeling.model import pick_device
+    from ttt_pipeline.modeling.precision import resolve_attention
+
+    ft = cfg.finetune
+    return resolve_attention(pick_device(ft.device), resolved_precision(ft.device, ft.precision,
+                                                                        "finetune.precision").name, ft.attention)
+
+
 def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     """The settings that lower a stage's memory, with their current values."""
     length, ft, ttt = cfg.model.max_length, cfg.finetune, cfg.ttt
-    attention = "" if ft.attention_dropout == 0 else "finetune.attention_dropout=0 keeps no attention score matrices; "
+    fused = ft.attention_dropout == 0 and resolved_attention(cfg).name != "eager"
+    attention = "" if fused else ("finetune.attention_dropout=0 with finetune.attention=sdpa keeps no attention score "
+                                  "matrices; ")
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
@@ -121,6 +133,10 @@ def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items()
           if k not in DEVICE_ONLY and not (k in OPTIONAL_KEYS and v is None)}
     ft["precision"] = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision").name
+    attention = resolved_attention(cfg).name  # keyed only where it changes the checkpoint's own (old keys hold)
+    del ft["attention"]
+    if attention is not None:
+        ft["attention"] = attention
     out = {"tokens": tokens.digest, "data": data.digest, "model": cfg.model.model_dump(mode="json"), "finetune": ft}
     if cfg.finetune.unlabeled_path:  # the texts' content, not only their path, keys the model
         from ttt_pipeline.data.sources import source_fingerprint
@@ -187,7 +203,9 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                                            else None, ft, wd, progress, unlabeled, parallel)
 
         chosen = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
-        log.info("fine-tuning precision %s: %s", chosen.name, chosen.reason)
+        attention = resolved_attention(cfg)
+        log.info("fine-tuning precision %s: %s; attention %s: %s", chosen.name, chosen.reason,
+                 attention.name or "the checkpoint's own", attention.reason)
         (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
         save_model(model.cpu(), tokenizer, tmp / "model")
         history = {"epochs": result.history, "mlm_warmup": result.warmup_curve, "dapt": result.dapt_curve}
@@ -201,6 +219,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                                           if result.warmup_curve else None),
                 "final": result.history[-1] if result.history else {}, **oom,
                 "precision": chosen.name, "precision_reason": chosen.reason,
+                "attention": attention.name or "checkpoint", "attention_reason": attention.reason,
                 **({"augment": augmented} if augmented else {})}
 
     out = store.run("finetune", inputs, _guarded(cfg, "fine-tune", build), _v("finetune"))

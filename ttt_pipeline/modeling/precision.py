@@ -101,6 +101,29 @@ def resolve_precision(device: torch.device | str, precision: str = "auto", field
     return Precision(precision, f"{field}={precision} (set explicitly; {evidence})")
 
 
+@dataclass(frozen=True)
+class Attention:
+    """The attention implementation fine-tuning runs with: `name` eager or sdpa, None for the checkpoint's own
+    (transformers' default: sdpa where the model has it); `reason` says why, for logs and run metadata."""
+    name: str | None
+    reason: str
+
+
+def resolve_attention(device: torch.device | str, precision: str, attention: str = "auto",
+                      field: str = "finetune.attention") -> Attention:
+    """auto: eager under bf16 on a CPU, else the checkpoint's own. Why: on a CPU with native bf16 (AVX512, torch
+    2.13) the fused attention's bf16 backward is the slow part of a step; eager attention ran MiniLM's joint step
+    at 32x128 tokens in 0.76 s instead of 0.97 s with attention dropout 0, 0.93 instead of 1.03 with 0.1, while in
+    fp32 both ran alike (docs/results.md). Eager keeps the attention score matrices for the backward: more memory."""
+    if attention not in ("auto", "eager", "sdpa"):
+        raise ConfigError(f"{field}={attention!r} is not an attention implementation", "use auto, eager or sdpa")
+    if attention != "auto":
+        return Attention(attention, f"{field}={attention} (set explicitly)")
+    if torch.device(device).type == "cpu" and precision == "bf16":
+        return Attention("eager", "auto: bf16 on a CPU, where the fused attention's backward is slower")
+    return Attention(None, f"auto: the checkpoint's own ({precision} on {torch.device(device).type})")
+
+
 def machine_summary() -> dict:
     """What a timing depends on, for benches and run metadata: CPU kind, native bf16, threads, torch."""
     native, evidence = cpu_native_bf16()

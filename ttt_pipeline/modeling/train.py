@@ -28,11 +28,11 @@ from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.metrics import summarize
 from ttt_pipeline.modeling.model import (
     ReviewClassifier,
-    autocast_dtype,
     eligible_positions,
     pick_device,
     special_token_ids,
 )
+from ttt_pipeline.modeling.precision import resolve_attention, resolve_precision
 from ttt_pipeline.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -296,6 +296,28 @@ def training_attention_dropout(model, p: float | None):
             d.p = q
 
 
+@contextmanager
+def training_attention(model, name: str | None):
+    """The encoder's attention implementation `name` (eager, sdpa; resolve_attention) while training, its own again
+    afterwards, so a saved model and test-time training run as they always did. None changes nothing."""
+    encoder = model.mlm_model
+    before = getattr(encoder.config, "_attn_implementation", None)
+    if name is None or name == before:
+        yield
+        return
+    setter = getattr(encoder, "set_attn_implementation", None)
+    if setter is not None:
+        setter(name)
+    if getattr(encoder.config, "_attn_implementation", None) != name:
+        raise ConfigError(f"finetune.attention={name}: the encoder ({type(encoder).__name__}) cannot switch its "
+                          f"attention to {name} (it runs {before})", "set finetune.attention=sdpa or leave it auto on "
+                          "a machine where it resolves to the checkpoint's own")
+    try:
+        yield
+    finally:
+        encoder.set_attn_implementation(before)
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -527,7 +549,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     each backward, and gives this rank its share of the batches."""
     set_threads()
     device = pick_device(cfg.device)
-    amp = autocast_dtype(device, cfg.precision)  # first: an impossible precision fails before any work
+    chosen = resolve_precision(device, cfg.precision, "finetune.precision")  # first: an impossible one fails early
+    amp = chosen.dtype
     model.to(device)
     torch.manual_seed(cfg.seed)
     work_dir = Path(work_dir)
@@ -535,7 +558,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
-    with training_attention_dropout(model, cfg.attention_dropout):
+    attention = resolve_attention(device, chosen.name, cfg.attention)
+    with training_attention(model, attention.name), training_attention_dropout(model, cfg.attention_dropout):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
         loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)

@@ -53,7 +53,9 @@ def tokenise_task(cfg: PipelineConfig, data: dict) -> dict:
     "finetune", lambda p: steps.finetune_inputs(p["cfg"], _out(p["tokens"]), _out(p["data"]))), **COMMON)
 def finetune_task(cfg: PipelineConfig, data: dict, tokens: dict) -> dict:
     chosen = steps.resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
-    get_run_logger().info("fine-tune: precision %s (%s)", chosen.name, chosen.reason)
+    attention = steps.resolved_attention(cfg)
+    get_run_logger().info("fine-tune: precision %s (%s), attention %s (%s)", chosen.name, chosen.reason,
+                          attention.name or "the checkpoint's own", attention.reason)
     rep = Reporter("fine-tune-progress")
     try:
         return steps.finetune(cfg, _out(data), _out(tokens), _store(cfg), rep).to_dict()
