@@ -260,7 +260,8 @@ def test_attention_implementation_is_set_while_training_only(make_tiny_clf, tmp_
     assert seen == ["sdpa", "eager"]
 
 
-def test_an_encoder_that_cannot_switch_its_attention_fails_with_a_hint():
+def test_an_encoder_that_cannot_switch_its_attention_fails_when_asked_and_keeps_its_own_under_auto(caplog):
+    from ttt_pipeline.modeling.precision import resolve_attention
     from ttt_pipeline.modeling.train import training_attention
 
     class Fixed(torch.nn.Module):
@@ -270,8 +271,13 @@ def test_an_encoder_that_cannot_switch_its_attention_fails_with_a_hint():
             self.mlm_model.config = type("Config", (), {"_attn_implementation": "sdpa"})()
 
     with pytest.raises(ConfigError, match="cannot switch its attention to eager") as err:
-        with training_attention(Fixed(), "eager"):
+        with training_attention(Fixed(), resolve_attention("cpu", "fp32", "eager")):
             pass
-    assert "finetune.attention=sdpa" in err.value.hint
-    with training_attention(Fixed(), None), training_attention(Fixed(), "sdpa"):
+    assert "leave finetune.attention auto" in err.value.hint
+    model = Fixed()
+    with training_attention(model, resolve_attention("cpu", "bf16")):  # auto -> eager, which it cannot run
+        assert model.mlm_model.config._attn_implementation == "sdpa"
+    assert "cannot switch to eager attention" in caplog.text
+    with training_attention(Fixed(), resolve_attention("cpu", "fp32")), \
+            training_attention(Fixed(), resolve_attention("cpu", "fp32", "sdpa")):
         pass  # nothing to switch

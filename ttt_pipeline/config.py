@@ -198,10 +198,11 @@ class FinetuneConfig(Section):
         "(AVX512-BF16, AMX), fp32 on other CPUs, where bf16 is emulated and 10-18x slower; the run records the "
         "choice and why. fp32/bf16/fp16 force one (fp16: CUDA only).")
     attention: Literal["auto", "eager", "sdpa"] = Field(
-        "auto", description="The encoder's attention while fine-tuning (transformers' attn_implementation). auto: eager "
-        "under bf16 on a CPU, where the fused (sdpa) attention's backward is slower (MiniLM's step 10% faster at "
-        "attention dropout 0.1, 20% at 0: docs/results.md), else the checkpoint's own. sdpa with attention_dropout 0 keeps no attention score matrices: "
-        "less memory. Training only: the saved model keeps the checkpoint's own.")
+        "auto", description="The encoder's attention while fine-tuning (transformers' attn_implementation). auto: "
+        "eager under bf16 on a CPU, where the fused (sdpa) attention's backward is slower (MiniLM's step 10% faster "
+        "at attention dropout 0.1, 20% at 0: docs/results.md), else the checkpoint's own. sdpa with "
+        "attention_dropout 0 keeps no attention score matrices: less memory. Training only: the saved model keeps "
+        "the checkpoint's own.")
     compile: bool = Field(False, description="torch.compile the model before training.")
     augment: AugmentConfig | None = Field(
         None, description="Robust training: also train on seeded, suite-corrupted copies of a share of the training "

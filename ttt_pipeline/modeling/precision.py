@@ -104,9 +104,11 @@ def resolve_precision(device: torch.device | str, precision: str = "auto", field
 @dataclass(frozen=True)
 class Attention:
     """The attention implementation fine-tuning runs with: `name` eager or sdpa, None for the checkpoint's own
-    (transformers' default: sdpa where the model has it); `reason` says why, for logs and run metadata."""
+    (transformers' default: sdpa where the model has it); `reason` says why, for logs and run metadata; `explicit`:
+    set by the user (an encoder that cannot switch is then an error, under auto it keeps its own)."""
     name: str | None
     reason: str
+    explicit: bool = False
 
 
 def resolve_attention(device: torch.device | str, precision: str, attention: str = "auto",
@@ -118,7 +120,7 @@ def resolve_attention(device: torch.device | str, precision: str, attention: str
     if attention not in ("auto", "eager", "sdpa"):
         raise ConfigError(f"{field}={attention!r} is not an attention implementation", "use auto, eager or sdpa")
     if attention != "auto":
-        return Attention(attention, f"{field}={attention} (set explicitly)")
+        return Attention(attention, f"{field}={attention} (set explicitly)", explicit=True)
     if torch.device(device).type == "cpu" and precision == "bf16":
         return Attention("eager", "auto: bf16 on a CPU, where the fused attention's backward is slower")
     return Attention(None, f"auto: the checkpoint's own ({precision} on {torch.device(device).type})")

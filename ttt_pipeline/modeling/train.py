@@ -297,21 +297,26 @@ def training_attention_dropout(model, p: float | None):
 
 
 @contextmanager
-def training_attention(model, name: str | None):
-    """The encoder's attention implementation `name` (eager, sdpa; resolve_attention) while training, its own again
-    afterwards, so a saved model and test-time training run as they always did. None changes nothing."""
-    encoder = model.mlm_model
+def training_attention(model, attention):
+    """The encoder's attention implementation (resolve_attention's `attention.name`: eager, sdpa) while training, its
+    own again afterwards, so a saved model and test-time training run as they always did. None changes nothing; an
+    encoder that cannot switch keeps its own under auto and is an error when the user asked for it."""
+    encoder, name = model.mlm_model, attention.name
     before = getattr(encoder.config, "_attn_implementation", None)
     if name is None or name == before:
         yield
         return
     setter = getattr(encoder, "set_attn_implementation", None)
     if setter is not None:
-        setter(name)
+        setter(name)  # transformers only warns when the model cannot switch: checked below
     if getattr(encoder.config, "_attn_implementation", None) != name:
-        raise ConfigError(f"finetune.attention={name}: the encoder ({type(encoder).__name__}) cannot switch its "
-                          f"attention to {name} (it runs {before})", "set finetune.attention=sdpa or leave it auto on "
-                          "a machine where it resolves to the checkpoint's own")
+        if attention.explicit:
+            raise ConfigError(f"finetune.attention={name}: the encoder ({type(encoder).__name__}) cannot switch its "
+                              f"attention to {name} (it runs {before})", "leave finetune.attention auto for this model")
+        log.warning("finetune.attention=auto: the encoder (%s) cannot switch to %s attention; it trains with its "
+                    "own (%s)", type(encoder).__name__, name, before)
+        yield
+        return
     try:
         yield
     finally:
@@ -559,7 +564,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     attention = resolve_attention(device, chosen.name, cfg.attention)
-    with training_attention(model, attention.name), training_attention_dropout(model, cfg.attention_dropout):
+    with training_attention(model, attention), training_attention_dropout(model, cfg.attention_dropout):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
         loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
