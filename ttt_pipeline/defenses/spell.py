@@ -277,10 +277,10 @@ class _Level:
         sizes = hi - lo  # the bucket's entries; those with the query's hash are kept
         ends = np.cumsum(sizes)
         at = np.arange(ends[-1] if len(ends) else 0) + np.repeat(lo - ends + sizes, sizes)
-        same = self.hashes[at] == np.repeat(hashes, sizes)
-        at = at[same]
-        return (np.repeat(owners, sizes)[same], self.rows[at], np.repeat(first, sizes)[same],
-                np.repeat(second, sizes)[same], self.first[at], self.second[at])
+        query = np.repeat(np.arange(len(hashes)), sizes)  # the query each entry was found for
+        same = self.hashes[at] == hashes[query]
+        query, at = query[same], at[same]
+        return owners[query], self.rows[at], first[query], second[query], self.first[at], self.second[at]
 
 
 def _explained(qf, qs, wf, ws, same_f, same_s, k: int) -> np.ndarray:
