@@ -158,16 +158,21 @@ def _base(max_edit_distance: int) -> SymSpell:
 
 
 @lru_cache(maxsize=1)
-def _bigrams() -> tuple[dict[str, int], int, int]:
-    """symspellpy's shipped bigram counts ("w1 w2" -> count), their total and the smallest count listed (the
-    list is cut there, so a missing pair means "rarer than this", not "never")."""
-    counts: dict[str, int] = {}
+def _bigrams() -> tuple[dict[str, dict[str, float]], int, int]:
+    """symspellpy's shipped bigram counts as first word -> {second word: log count} (SpellRepair._ranked looks a
+    pair up by two words it holds, without building the "w1 w2" string, and reads its log), their total and the
+    smallest count listed (the list is cut there, so a missing pair means "rarer than this", not "never")."""
+    follows: dict[str, dict[str, float]] = {}
+    total, floor = 0, None
     with resources.as_file(resources.files("symspellpy") / BIGRAMS) as path:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 first, second, n = line.split()
-                counts[f"{first} {second}"] = int(n)
-    return counts, sum(counts.values()), min(counts.values())
+                count = int(n)
+                follows.setdefault(first, {})[second] = math.log(count)
+                total += count
+                floor = count if floor is None else min(floor, count)
+    return follows, total, floor
 
 
 def _jumble_key(word: str) -> str:
@@ -466,6 +471,7 @@ def _resolved(word: str, fixed: str | tuple | None) -> str | tuple[str, tuple]:
 
 
 _MISSING = object()
+_NO_PAIRS: dict[str, float] = {}  # a word no bigram starts with
 
 
 def _remember(cache: dict, key, value):
@@ -511,7 +517,7 @@ class SpellRepair:
         self._context = "context" in self.fixes
         self._glyphs = "glyphs" in self.fixes
         if self._context:
-            self._pairs, pairs_total, self._floor = _bigrams()
+            self._follows, pairs_total, self._floor = _bigrams()
             self._total = sum(self._sym.words.values())
             self._scale = pairs_total / self._total  # bigram per unigram count: the lists come from different corpora
         # Caches, each bounded by _CACHE_LIMIT (outputs never depend on them: every entry is a pure function of
@@ -520,6 +526,7 @@ class SpellRepair:
         self._cache: dict[str, str | tuple | None] = {}
         self._tokens: dict[str, str | tuple[str, tuple]] = {}
         self._ranks: dict[tuple[str, str | None, str | None], str] = {}
+        self._stats: dict[str, tuple] = {}  # candidate -> _term_stats
 
     def _known(self, word: str) -> bool:
         return word in self._words or word in self.extra_words or word in self._keep_bare
@@ -607,14 +614,18 @@ class SpellRepair:
         return out
 
     def _prepared(self, found: tuple) -> tuple:
-        """found's (term, count), each with what _ranked needs of it whatever the neighbours: its count for the
-        independence estimate, log n and log(scale n) (n: the count, at least 1), scale * count."""
-        out, scale, counts, extra = [], self._scale, self._words, self.extra_words
-        for term, count in found:
-            raw = EXTRA_COUNT if term in extra else counts.get(term, 0)  # _count
-            n = max(raw, 1)
-            out.append((term, count, raw, math.log(n), math.log(scale * n), scale * raw))
-        return tuple(out)
+        """found's (term, count), each with what _ranked needs of it whatever the neighbours (_term_stats)."""
+        stats, term_stats = self._stats, self._term_stats
+        return tuple((term, count) + (stats[term] if term in stats else term_stats(term)) for term, count in found)
+
+    def _term_stats(self, term: str) -> tuple:
+        """A candidate's count for the independence estimate, log n and log(scale n) (n: the count, at least 1),
+        scale * count, and the words that follow it in the bigram list (their log counts); kept per term, since
+        the same words are candidates of many misspellings."""
+        raw = self._count(term)
+        n = max(raw, 1)
+        stats = (raw, math.log(n), math.log(self._scale * n), self._scale * raw, self._follows.get(term, _NO_PAIRS))
+        return _remember(self._stats, term, stats)
 
     def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
         """The candidate (of _prepared's `found`) most probable between its neighbours, P(w | before) P(after | w)
@@ -623,21 +634,24 @@ class SpellRepair:
         but rewrites spacing and is too slow: module docstring). A pair's count is the shipped bigram count, else what
         independence predicts (scale * count(first) * count(second) / total), capped at the list's cut and floored at 1;
         written out in the loop (it runs for every candidate), the operations in this order (same floats)."""
-        pairs, total, floor, log = self._pairs, self._total, self._floor, math.log
+        total, floor, log = self._total, self._floor, math.log
         before_scale = self._scale * self._count(before) if before else 0.0
         after_count = self._count(after) if after else 0
-        left_key, right_key = f"{before} ", f" {after}"
+        followers = self._follows.get(before, _NO_PAIRS) if before else _NO_PAIRS
         best, best_score, best_count = None, None, None
-        for term, count, raw, log_n, log_scale_n, scale_raw in found:
+        for term, count, raw, log_n, log_scale_n, scale_raw, follows in found:
             # log P(w | before) + log P(after | w), without the terms all candidates share
             if before:
-                n = pairs.get(left_key + term)
-                left = log(n if n is not None else max(min(before_scale * raw / total, floor), 1.0))
+                left = followers.get(term)
+                if left is None:
+                    left = log(max(min(before_scale * raw / total, floor), 1.0))
             else:
                 left = log_n
             if after:
-                n = pairs.get(term + right_key)
-                right = log(n if n is not None else max(min(scale_raw * after_count / total, floor), 1.0)) - log_scale_n
+                right = follows.get(after)
+                if right is None:
+                    right = log(max(min(scale_raw * after_count / total, floor), 1.0))
+                right -= log_scale_n
             else:
                 right = 0.0
             score = left + right
