@@ -50,8 +50,12 @@ run: setup
 # `make test-slow`, which CI runs once after it. CI also runs test-integration and test-browser.
 # The benches' smoke runs in test-slow train a tiny random BERT (TTT_BENCH_MODEL, bench/common.py); the few checks
 # that need the real MiniLM encoder carry the `bench` marker: `make test-bench` (minutes each; CI does not run them).
+# Two test files at a time on their own share of the cores, as test-slow below: 146 s against 226 s one at a time
+# (2 cores, AVX512, 2026-11-27). TEST_WORKERS=0: one at a time, in this process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser and not bench" $(PYTEST_ARGS)
+	TTT_TEST_PIN_WORKERS=1 $(BIN)/python -m pytest -q -m "not slow and not integration and not browser and not bench" \
+		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Two test files at a time, each worker and the processes it starts on its own share of the cores
 # (TTT_TEST_PIN_WORKERS, tests/conftest.py), so torch's threads do not oversubscribe them: 434 s against 670-697 s one
