@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from netutil import free_port, listening  # noqa: F401  (re-exported for older imports)
+from workers import pin_xdist_worker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -26,22 +27,7 @@ for _var in ("TTT_TRACKING_URI", "MLFLOW_TRACKING_URI"):
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _pin_xdist_worker() -> None:
-    """Under pytest-xdist with TTT_TEST_PIN_WORKERS=1, each worker keeps its own share of the cores (worker k of n:
-    the k-th n-th, at least one core), and so does every process it starts: the library's set_threads then sizes
-    torch to that share instead of giving every worker all cores, which oversubscribed them (the slow tier with two
-    unpinned workers ran the demo fixture 2.3x slower than alone; docs/results.md)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if os.environ.get("TTT_TEST_PIN_WORKERS") != "1" or not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    k, n = int(worker[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    share = max(1, len(cores) // n)
-    start = (k * share) % len(cores)
-    os.sched_setaffinity(0, set(cores[start:start + share]))
-
-
-_pin_xdist_worker()
+pin_xdist_worker()
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 
 
