@@ -58,7 +58,7 @@ test: setup
 		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Two test files at a time, each worker and the processes it starts on its own share of the cores
-# (TTT_TEST_PIN_WORKERS, tests/conftest.py), so torch's threads do not oversubscribe them: 434 s against 670-697 s one
+# (TTT_TEST_PIN_WORKERS, tests/workers.py), so torch's threads do not oversubscribe them: 434 s against 670-697 s one
 # file at a time and 589 s with two unpinned workers (2 cores, AVX512, 2026-11-27). SLOW_WORKERS=0: one at a time.
 SLOW_WORKERS ?= 2
 test-slow: setup
