@@ -50,20 +50,18 @@ run: setup
 # `make test-slow`, which CI runs once after it. CI also runs test-integration and test-browser.
 # The benches' smoke runs in test-slow train a tiny random BERT (TTT_BENCH_MODEL, bench/common.py); the few checks
 # that need the real MiniLM encoder carry the `bench` marker: `make test-bench` (minutes each; CI does not run them).
-# Two test files at a time on their own share of the cores, as test-slow below: 146 s against 226 s one at a time
-# (2 cores, AVX512, 2026-11-27). TEST_WORKERS=0: one at a time, in this process.
+# make test and make test-slow run two test files at a time (pytest-xdist, one file per worker), each worker and the
+# processes it starts on its own share of the cores (TTT_TEST_PIN_WORKERS, tests/workers.py), so torch's threads do
+# not oversubscribe them (2 cores, AVX512, 2026-11-27): test 146 s against 226 s one file at a time; test-slow 434 s
+# against 670-697 s, and 589 s on two unpinned workers. TEST_WORKERS=0 / SLOW_WORKERS=0: one at a time, in this process.
+PINNED_PYTEST = TTT_TEST_PIN_WORKERS=1 $(BIN)/python -m pytest -q --dist loadfile
 TEST_WORKERS ?= 2
-test: setup
-	TTT_TEST_PIN_WORKERS=1 $(BIN)/python -m pytest -q -m "not slow and not integration and not browser and not bench" \
-		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-
-# Two test files at a time, each worker and the processes it starts on its own share of the cores
-# (TTT_TEST_PIN_WORKERS, tests/workers.py), so torch's threads do not oversubscribe them: 434 s against 670-697 s one
-# file at a time and 589 s with two unpinned workers (2 cores, AVX512, 2026-11-27). SLOW_WORKERS=0: one at a time.
 SLOW_WORKERS ?= 2
+test: setup
+	$(PINNED_PYTEST) -n $(TEST_WORKERS) -m "not slow and not integration and not browser and not bench" $(PYTEST_ARGS)
+
 test-slow: setup
-	TTT_TEST_PIN_WORKERS=1 $(BIN)/python -m pytest -q -m "slow and not integration and not browser and not bench" \
-		-n $(SLOW_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PINNED_PYTEST) -n $(SLOW_WORKERS) -m "slow and not integration and not browser and not bench" $(PYTEST_ARGS)
 
 test-bench: setup
 	$(BIN)/python -m pytest -q -m bench $(PYTEST_ARGS)

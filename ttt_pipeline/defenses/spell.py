@@ -163,7 +163,7 @@ def _bigrams() -> tuple[dict[str, dict[str, float]], int, int]:
     pair up by two words it holds, without building the "w1 w2" string, and reads its log), their total and the
     smallest count listed (the list is cut there, so a missing pair means "rarer than this", not "never")."""
     follows: dict[str, dict[str, float]] = {}
-    total, floor = 0, None
+    total, floor = 0, math.inf
     with resources.as_file(resources.files("symspellpy") / BIGRAMS) as path:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -171,7 +171,7 @@ def _bigrams() -> tuple[dict[str, dict[str, float]], int, int]:
                 count = int(n)
                 follows.setdefault(first, {})[second] = math.log(count)
                 total += count
-                floor = count if floor is None else min(floor, count)
+                floor = min(floor, count)
     return follows, total, floor
 
 
@@ -616,7 +616,7 @@ class SpellRepair:
     def _prepared(self, found: tuple) -> tuple:
         """found's (term, count), each with what _ranked needs of it whatever the neighbours (_term_stats)."""
         stats, term_stats = self._stats, self._term_stats
-        return tuple((term, count) + (stats[term] if term in stats else term_stats(term)) for term, count in found)
+        return tuple((term, count) + (stats.get(term) or term_stats(term)) for term, count in found)
 
     def _term_stats(self, term: str) -> tuple:
         """A candidate's count for the independence estimate, log n and log(scale n) (n: the count, at least 1),
