@@ -25,6 +25,14 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # CPU flags (Linux /proc/cpuinfo) that mean bf16 matrix maths in hardware: x86 AVX512-BF16 / AMX, Arm BF16.
 _NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 ENV_OVERRIDE = "TTT_CPU_NATIVE_BF16"
+# oneDNN runs torch's CPU bf16 matrix maths and obeys a cap on the instructions it may use (ONEDNN_MAX_CPU_ISA, its
+# older name DNNL_MAX_CPU_ISA): below AVX512_CORE_BF16 it emulates bf16 even on a CPU that has it (measured on an
+# AVX512-BF16 EPYC: a 384x1536 linear layer's bf16 forward and backward 0.013 s; capped at AVX2, 1.7 s; fp32 0.047 s).
+# The caps that keep bf16 in hardware; any other named cap emulates it.
+_ONEDNN_CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+_ONEDNN_BF16_CAPS = {"ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
+                     "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
+                     "AVX10_2_512_AMX_2"}
 
 
 @dataclass(frozen=True)
@@ -51,10 +59,24 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _onednn_cap() -> str | None:
+    """The instruction cap set for oneDNN in this process's environment when it rules out bf16 in hardware, as
+    `NAME=value`; None when unset or high enough. (oneDNN reads it once, at its first use; so does this probe.)"""
+    for name in _ONEDNN_CAP_VARS:
+        value = os.environ.get(name, "").strip().upper()
+        if value:
+            return None if value in _ONEDNN_BF16_CAPS else f"{name}={value}"
+    return None
+
+
 @lru_cache(maxsize=1)
 def _probe() -> tuple[bool, str]:
     """torch's probes first (private but present since 2.3: `torch.cpu._is_avx512_bf16_supported`,
-    `_is_amx_tile_supported`), then the kernel's CPU flags (Arm's bf16, a torch without the probes)."""
+    `_is_amx_tile_supported`), then the kernel's CPU flags (Arm's bf16, a torch without the probes); a oneDNN cap
+    below bf16 (_onednn_cap) overrules both, since bf16 is then emulated."""
+    cap = _onednn_cap()
+    if cap:
+        return False, f"CPU without native bf16 for oneDNN ({cap}; capability {torch.backends.cpu.get_cpu_capability()})"
     probes = {"avx512_bf16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
               "amx": getattr(torch.cpu, "_is_amx_tile_supported", None)}
     found = [name for name, probe in probes.items() if probe is not None and probe()]
