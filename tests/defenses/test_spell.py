@@ -309,3 +309,20 @@ def test_one_text_at_a_time_is_the_batch():
     texts = _sample()
     one = SpellRepair()
     assert [one.repair(t) for t in texts] == SpellRepair().repair_all(texts)
+
+
+def test_the_caches_hold_nothing_the_garbage_collector_must_walk():
+    """Tuples of strings and numbers drop out of Python's cyclic collector; one holding a dict never does. The
+    word caches once kept tens of thousands of tuples with a bigram dict in each per 400 reviews, so a full
+    collection (0.6 s: it walks the dictionary too) came every few repairs; now every cached value is untracked."""
+    import gc
+
+    fresh = SpellRepair()
+    texts = corrupt_texts(synthetic_reviews(80, seed=5), "keyboard", 4, 1).texts
+    fresh.repair_all(texts)
+    assert any(isinstance(v, tuple) for v in fresh._cache.values())  # tied candidates, ranked by their neighbours
+    gc.collect()
+    gc.collect()  # a tuple of tuples drops out once the inner ones have
+    caches = (fresh._cache, fresh._tokens, fresh._stats, fresh._ranks)
+    tracked = [v for cache in caches for v in cache.values() if gc.is_tracked(v)]
+    assert tracked == [] and len(fresh._stats) > 0

@@ -619,13 +619,14 @@ class SpellRepair:
         return tuple((term, count) + (stats.get(term) or term_stats(term)) for term, count in found)
 
     def _term_stats(self, term: str) -> tuple:
-        """A candidate's count for the independence estimate, log n and log(scale n) (n: the count, at least 1),
-        scale * count, and the words that follow it in the bigram list (their log counts); kept per term, since
-        the same words are candidates of many misspellings."""
+        """A candidate's count for the independence estimate, log n and log(scale n) (n: the count, at least 1) and
+        scale * count; kept per term, since the same words are candidates of many misspellings. Numbers only, no
+        reference to the bigram dicts: Python's collector stops tracking a tuple of strings and numbers, never one
+        holding a dict, and tens of thousands of tracked tuples per 400 reviews made it walk the whole dictionary
+        (0.6 s) every few repairs."""
         raw = self._count(term)
         n = max(raw, 1)
-        stats = (raw, math.log(n), math.log(self._scale * n), self._scale * raw, self._follows.get(term, _NO_PAIRS))
-        return _remember(self._stats, term, stats)
+        return _remember(self._stats, term, (raw, math.log(n), math.log(self._scale * n), self._scale * raw))
 
     def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
         """The candidate (of _prepared's `found`) most probable between its neighbours, P(w | before) P(after | w)
@@ -637,9 +638,10 @@ class SpellRepair:
         total, floor, log = self._total, self._floor, math.log
         before_scale = self._scale * self._count(before) if before else 0.0
         after_count = self._count(after) if after else 0
-        followers = self._follows.get(before, _NO_PAIRS) if before else _NO_PAIRS
+        pairs = self._follows
+        followers = pairs.get(before, _NO_PAIRS) if before else _NO_PAIRS
         best, best_score, best_count = None, None, None
-        for term, count, raw, log_n, log_scale_n, scale_raw, follows in found:
+        for term, count, raw, log_n, log_scale_n, scale_raw in found:
             # log P(w | before) + log P(after | w), without the terms all candidates share
             if before:
                 left = followers.get(term)
@@ -648,7 +650,7 @@ class SpellRepair:
             else:
                 left = log_n
             if after:
-                right = follows.get(after)
+                right = pairs.get(term, _NO_PAIRS).get(after)
                 if right is None:
                     right = log(max(min(scale_raw * after_count / total, floor), 1.0))
                 right -= log_scale_n
