@@ -28,11 +28,10 @@ ENV_OVERRIDE = "TTT_CPU_NATIVE_BF16"
 # oneDNN runs torch's CPU bf16 matrix maths and obeys a cap on the instructions it may use (ONEDNN_MAX_CPU_ISA, its
 # older name DNNL_MAX_CPU_ISA): below AVX512_CORE_BF16 it emulates bf16 even on a CPU that has it (measured on an
 # AVX512-BF16 EPYC: a 384x1536 linear layer's bf16 forward and backward 0.013 s; capped at AVX2, 1.7 s; fp32 0.047 s).
-# The caps that keep bf16 in hardware; any other named cap emulates it.
+# oneDNN's caps below AVX512_CORE_BF16 (its documented `dnnl_cpu_isa_t` names); ALL, the bf16 and AMX caps and values
+# oneDNN does not know leave bf16 as the CPU has it.
 _ONEDNN_CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
-_ONEDNN_BF16_CAPS = {"ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
-                     "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
-                     "AVX10_2_512_AMX_2"}
+_ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def _onednn_cap() -> str | None:
     for name in _ONEDNN_CAP_VARS:
         value = os.environ.get(name, "").strip().upper()
         if value:
-            return None if value in _ONEDNN_BF16_CAPS else f"{name}={value}"
+            return f"{name}={value}" if value in _ONEDNN_BELOW_BF16 else None
     return None
 
 
