@@ -129,6 +129,7 @@ def test_a_onednn_cap_below_bf16_means_emulated_bf16_whatever_the_cpu(monkeypatc
         native, evidence = precision._probe()
         assert not native and f"{name}=AVX2" in evidence
         assert precision.resolve_precision("cpu", "auto").name == "fp32"
+        assert precision.machine_summary()["isa_caps"][name] == "avx2"  # a capped CPU says so beside its timings
         for kept in ("AVX512_CORE_BF16", "all", "no-such-isa"):
             precision._probe.cache_clear()
             monkeypatch.setenv(name, kept)

@@ -148,9 +148,11 @@ def resolve_attention(device: torch.device | str, precision: str, attention: str
 
 
 def machine_summary() -> dict:
-    """What a timing depends on, for benches and run metadata: CPU kind, native bf16, threads, torch."""
+    """What a timing depends on, for benches and run metadata: CPU kind, native bf16, threads, torch, and the
+    instruction caps set in the environment (`isa_caps`: a capped bf16 CPU reports AVX2 but is not an AVX2 CPU)."""
     native, evidence = cpu_native_bf16()
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": native,
+    caps = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", *_ONEDNN_CAP_VARS) if os.environ.get(name)}
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_caps": caps, "native_bf16": native,
             "bf16_evidence": evidence, "processor": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
