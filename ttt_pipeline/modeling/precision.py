@@ -26,10 +26,9 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 ENV_OVERRIDE = "TTT_CPU_NATIVE_BF16"
 # oneDNN runs torch's CPU bf16 matrix maths and obeys a cap on the instructions it may use (ONEDNN_MAX_CPU_ISA, its
-# older name DNNL_MAX_CPU_ISA): below AVX512_CORE_BF16 it emulates bf16 even on a CPU that has it (measured on an
-# AVX512-BF16 EPYC: a 384x1536 linear layer's bf16 forward and backward 0.013 s; capped at AVX2, 1.7 s; fp32 0.047 s).
-# oneDNN's caps below AVX512_CORE_BF16 (its documented `dnnl_cpu_isa_t` names); ALL, the bf16 and AMX caps and values
-# oneDNN does not know leave bf16 as the CPU has it.
+# older name DNNL_MAX_CPU_ISA). Capped at one of these documented `dnnl_cpu_isa_t` names it emulates bf16 even on a
+# CPU that has it (an AVX512-BF16 EPYC: a 384x1536 linear layer's bf16 forward and backward 0.013 s; capped at AVX2
+# 1.7 s; fp32 0.047 s). ALL, the bf16 and AMX caps, and names oneDNN does not know leave bf16 as the CPU has it.
 _ONEDNN_CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 _ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
 
