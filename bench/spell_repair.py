@@ -89,7 +89,7 @@ sys.path.insert(0, str(REPO))
 
 from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
 from ttt_pipeline.data.readers import read_mdsd_folder  # noqa: E402
-from ttt_pipeline.defenses.spell import DEFAULT_FIXES, SpellRepair, _base, _base_index  # noqa: E402
+from ttt_pipeline.defenses.spell import DEFAULT_FIXES, SpellRepair, _base_index, _counts  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd"
 
@@ -183,7 +183,7 @@ def pool_check(variants: list[str], severity: int) -> dict:
     evaluated, vocabulary = training_pool()
     corrupted = {fam: corrupt_texts(evaluated, fam, severity, 1000).texts
                  for fam in ("tutorial", "keyboard", "misspelling", "ocr")}
-    _base(2)
+    _counts()
     out = {}
     for variant in variants:
         fixes = variant_fixes(variant)
@@ -247,7 +247,7 @@ def main() -> None:
     words = sum(len(t.split()) for t in test) / len(test)
 
     t = time.perf_counter()
-    _base(2)
+    _counts()
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     _base_index(2)

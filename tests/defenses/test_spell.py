@@ -226,7 +226,8 @@ def _symspellpy_candidates(repair: SpellRepair, queries: list[tuple[str, int]]) 
     """What SpellRepair._candidates gave before the index: each dictionary's lookup, the nearest kept."""
     out = []
     for word, limit in queries:
-        found = [(f.term, f.distance, f.count) for sym in (repair._sym, repair._extra) if sym is not None
+        found = [(f.term, f.distance, f.count) for sym in (spell._base(repair.max_edit_distance), repair._extra)
+                 if sym is not None
                  for f in sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
         nearest = min((d for _, d, _ in found), default=0)
         out.append(tuple((term, count) for term, d, count in found if d == nearest))
@@ -265,13 +266,37 @@ def test_closest_words_are_symspellpy_lookups(max_edit_distance):
     vocabulary words that share one count (symspellpy's search order breaks those ties: it answers them)."""
     vocabulary = ["zorbix zorbex zorbax quandle quindle frobnitz"] * 2
     repair = SpellRepair(max_edit_distance=max_edit_distance, extra_vocabulary=vocabulary)
-    words = sorted(w for w in repair._sym.words if w.isalpha() and len(w) >= 2)
+    words = sorted(w for w in repair._words if w.isalpha() and len(w) >= 2)
     queries = _typos(words, 1500, seed=max_edit_distance) | _typos(sorted(repair.extra_words), 60, seed=7)
     queries |= {"".join(t) for t in itertools.product(string.ascii_lowercase, repeat=2)} | {"zorbux", "qundle"}
     queries = sorted((q, 1 if len(q) <= 3 else max_edit_distance) for q in queries if not repair._known(q))
     found = repair._candidates(queries)
     assert found == _symspellpy_candidates(repair, queries)
     assert sum(len(f) > 1 for f in found) > 100 and any(len(f) > 1 and f[0][1] == f[1][1] for f in found)
+
+
+@pytest.mark.parametrize("max_edit_distance", [2, 3])
+def test_ties_are_ordered_as_the_whole_dictionarys_search_orders_them(max_edit_distance):
+    """Where closest words share a count, _tie_ordered's search over those words alone gives the order of symspellpy's
+    search over the whole shipped dictionary (which then need not load): every 2- and 3-letter string and typos of
+    dictionary words, at limits 1 and 2."""
+    index = spell._base_index(max_edit_distance)
+    words = sorted(w for w in spell._counts() if w.isalpha() and len(w) >= 4)
+    strings = {"".join(t) for n in (2, 3) for t in itertools.product(string.ascii_lowercase, repeat=n)}
+    queries = [(q, limit) for q in sorted(strings | _typos(words, 4000, seed=11)) if q not in spell._counts()
+               for limit in (1, 2)]
+    tied = [(q, found) for q, found in zip(queries, spell._closest(index, None, queries)) if found[2] is not None]
+    full = spell._base(max_edit_distance)
+    assert len(tied) >= 20
+    for (word, limit), (_, _, load) in tied:
+        expected = [(f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
+        assert spell._tie_ordered(index, None, word, limit, load) == expected, word
+
+
+def test_counts_are_the_dictionary_symspellpy_loads():
+    """_counts reads the shipped dictionary as symspellpy's load_dictionary does: same words, counts and order."""
+    counts, loaded = spell._counts(), spell._base(2).words
+    assert counts == loaded and list(counts) == list(loaded) and len(counts) > 80_000
 
 
 def test_level_finds_exactly_the_entries_under_each_hash():
@@ -295,7 +320,7 @@ def test_level_finds_exactly_the_entries_under_each_hash():
 def test_real_word_rewrites_are_the_rule_on_every_dictionary_word():
     """_real_words (found once per dictionary) is the rule itself: a word rarer than 10^7 -> the anagram 1,000x
     as frequent; frequent words and words without one are absent."""
-    table, counts = spell._real_words(2), spell._base(2).words
+    table, counts = spell._real_words(), spell._counts()
     assert table["rae"] == "are" and "are" not in table and "the" not in table
     for word, other in table.items():
         assert counts[word] < spell.REAL_WORD_MAX_COUNT and counts[other] >= spell.REAL_WORD_RATIO * counts[word]

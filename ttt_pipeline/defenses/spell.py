@@ -3,8 +3,10 @@
 Why word-level `lookup` (not `lookup_compound`): compound segmentation is far too slow for a test set and
 rewrites spacing; per-word lookups with a per-word cache cost little once the review vocabulary is seen. The
 lookups' answers are found, for all new words of a batch at once, by a whole-word delete index (_DeleteIndex):
-the same words in the same order as symspellpy's `lookup`, which answers itself where only its search knows
-the order (equal counts), several times faster than one pure-Python lookup per word.
+the same words in the same order as symspellpy's `lookup`, several times faster than one pure-Python lookup per
+word. Where only symspellpy's search knows the order (equal counts), its search runs over the closest words alone
+(_tie_ordered), so its index of the whole shipped dictionary (2 s and 135 MB) loads only for the searches the
+index leaves to it: edit distance 3, words over 64 letters.
 Only what is likely a typo is touched, so clean text passes through (almost) unchanged:
 
 - the text is cut into word / non-word runs; punctuation, whitespace and numbers are copied verbatim;
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import Counter
 from functools import lru_cache
 from importlib import resources
@@ -61,6 +64,7 @@ from ttt_pipeline.defenses.settings import DefenseSettings
 __all__ = ["SpellRepair", "get_repair", "DICTIONARY"]
 
 DICTIONARY = "frequency_dictionary_en_82_765.txt"
+_PREFIX_LENGTH = 7  # symspellpy's prefix length for every search here (its default)
 BIGRAMS = "frequency_bigramdictionary_en_243_342.txt"
 # Count given to training-vocabulary words: above ~90% of the dictionary (so a product name wins a tie with
 # a rare dictionary word) but far below function words (the: 2.3e10), which must keep winning their ties.
@@ -147,10 +151,32 @@ def _digit_letters() -> dict[str, str]:
     return {d: "".join(sorted(v)) for d, v in sorted(out.items())}
 
 
+@lru_cache(maxsize=1)
+def _counts() -> dict[str, int]:
+    """The shipped dictionary as word -> count, in its file's order, read as symspellpy's load_dictionary reads it
+    (first two columns; a count that is not a 64-bit integer, or not above 0, skips the line; a repeated word's
+    counts add up) but without the delete index symspellpy builds beside it (135 MB and 2 s): _DeleteIndex answers
+    the searches, and symspellpy's own search (_base) loads only for those it does not."""
+    counts: dict[str, int] = {}
+    with resources.as_file(resources.files("symspellpy") / DICTIONARY) as path:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.rstrip().split(" ")
+                try:
+                    n = int(parts[1]) if len(parts) >= 2 else 0
+                except ValueError:
+                    continue
+                if 0 < n < 2 ** 63:
+                    before = counts.get(parts[0], 0)
+                    counts[parts[0]] = before + n if sys.maxsize - before > n else sys.maxsize
+    return counts
+
+
 @lru_cache(maxsize=4)
 def _base(max_edit_distance: int) -> SymSpell:
-    """The shipped dictionary, loaded once per edit distance (it takes seconds; never mutated afterwards)."""
-    sym = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=7)
+    """symspellpy's search over the shipped dictionary, once per edit distance (2 s and 135 MB; never mutated
+    afterwards). Loaded only for the searches _DeleteIndex leaves to it: edit distance 3, words over _INDEXED letters."""
+    sym = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=_PREFIX_LENGTH)
     with resources.as_file(resources.files("symspellpy") / DICTIONARY) as path:
         if not sym.load_dictionary(str(path), term_index=0, count_index=1, encoding="utf-8"):
             raise FileNotFoundError(f"symspellpy dictionary {DICTIONARY} could not be loaded")
@@ -184,13 +210,13 @@ def _letters_key(word: str) -> str:
     return "".join(sorted(word))
 
 
-@lru_cache(maxsize=4)
-def _anagram_index(max_edit_distance: int) -> tuple[dict[str, str], dict[str, str]]:
+@lru_cache(maxsize=1)
+def _anagram_index() -> tuple[dict[str, str], dict[str, str]]:
     """(jumble key -> most frequent word, letters key -> most frequent word) over the shipped dictionary's
     alphabetic words; symspellpy has no permutation lookup, hence this index."""
     jumbles: dict[str, tuple[int, str]] = {}
     letters: dict[str, tuple[int, str]] = {}
-    for w, n in _base(max_edit_distance).words.items():
+    for w, n in _counts().items():
         if not w.isalpha():
             continue
         for index, key in ((letters, _letters_key(w)), (jumbles, _jumble_key(w) if len(w) >= 4 else None)):
@@ -318,23 +344,25 @@ class _DeleteIndex:
     """The words of one dictionary (word -> count) under each spelling with up to `depth` (1 or 2) letters deleted
     (as hashes: a collision only adds a candidate, and every candidate is measured)."""
 
-    def __init__(self, counts: Mapping[str, int], depth: int):
-        self.words = [w for w in counts if len(w) <= _INDEXED]
+    def __init__(self, counts: Mapping[str, int], max_edit_distance: int):
+        self.counts = counts
+        self.words = [w for w in counts if len(w) <= _INDEXED]  # in the dictionary's order: symspellpy's (_tie_ordered)
         self.longest = max(map(len, counts), default=0)  # a search that could reach a longer word is not ours
-        self.depth = min(depth, 2)
+        self.max_edit_distance = max_edit_distance  # the dictionary's, as symspellpy's search would hold it
+        self.depth = min(max_edit_distance, 2)
         self._counts = np.fromiter((counts[w] for w in self.words), dtype=np.int64, count=len(self.words))
         self._letters, self._starts = _flat_codes(self.words)
         self._near = _Level(*_delete_hashes(self.words, (0, 1)))  # the word and its 1-letter deletes
         self._far = _Level(*_delete_hashes(self.words, (2,))) if self.depth == 2 else None  # its 2-letter deletes
 
-    def closest(self, queries: list[str], limits: list[int]) -> list[tuple[int, list[tuple[str, int]], bool]]:
+    def closest(self, queries: list[str], limits: list[int]) -> list[tuple[int, tuple[tuple[str, int], ...], list | None]]:
         """For each query word (not in the dictionary; limit <= depth): (d, (word, count) of the words at Damerau
-        OSA distance d, most frequent first, whether two counts are equal) for the smallest d in 1..limit that has
-        any, else (0, [], False)."""
-        out: list = [(0, [], False)] * len(queries)
+        OSA distance d, most frequent first, and where two counts are equal the same in the dictionary's order, else
+        None) for the smallest d in 1..limit that has any, else (0, (), None)."""
+        out: list = [(0, (), None)] * len(queries)
         up_to_1 = _delete_hashes(queries, (0, 1))
-        for q, (found, tied) in self._measure(queries, 1, [self._near.pairs(*up_to_1)]).items():
-            out[q] = (1, found, tied)
+        for q, (found, load) in self._measure(queries, 1, [self._near.pairs(*up_to_1)]).items():
+            out[q] = (1, found, load)
         again = [q for q, limit in enumerate(limits) if limit >= 2 and not out[q][1]]
         if again:  # no word within 1 edit: the words found within 2 are at 2
             back = np.asarray(again, dtype=np.int32)
@@ -344,13 +372,13 @@ class _DeleteIndex:
             exactly_2 = (exactly_2[0], back[exactly_2[1]], *exactly_2[2:])
             pairs = [self._near.pairs(*up_to_1), self._near.pairs(*exactly_2), self._far.pairs(*up_to_1),
                      self._far.pairs(*exactly_2)]
-            for q, (found, tied) in self._measure(queries, 2, pairs).items():
-                out[q] = (2, found, tied)
+            for q, (found, load) in self._measure(queries, 2, pairs).items():
+                out[q] = (2, found, load)
         return out
 
     def _measure(self, queries: list[str], k: int, pairs: list[tuple[np.ndarray, ...]]) -> dict[int, tuple]:
-        """query -> ((word, count) of the words within k edits of it, most frequent first; whether two counts are
-        equal), among the `pairs` (_Level.pairs) that _explained keeps."""
+        """query -> ((word, count) of the words within k edits of it, most frequent first; where two counts are
+        equal, the same in the dictionary's order, else None), among the `pairs` (_Level.pairs) that _explained keeps."""
         owners, rows, qf, qs, wf, ws = (np.concatenate(column) for column in zip(*pairs))
         owners, rows = owners.astype(np.int64), rows.astype(np.int64)
         letters, starts = _flat_codes(queries)  # the letters each side deleted (at -1: a spare, not used then)
@@ -367,32 +395,58 @@ class _DeleteIndex:
         order = np.lexsort((-counts, owners))  # by query, then most frequent first
         owners, rows, counts = owners[order], rows[order], counts[order]
         tied = set(owners[1:][(owners[1:] == owners[:-1]) & (counts[1:] == counts[:-1])].tolist())
-        items = list(zip([words[r] for r in rows.tolist()], counts.tolist()))
+        # tuples, not lists: Python's collector stops tracking a tuple of strings and numbers, so the answers a
+        # repair holds on to do not count towards its full collections (_vocabulary_dictionary)
+        items = tuple(zip([words[r] for r in rows.tolist()], counts.tolist()))
         if not items:
             return {}
         bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), len(items)]  # one run per query
-        return {q: (items[a:b], q in tied) for q, a, b in zip(owners[bounds[:-1]].tolist(), bounds, bounds[1:])}
+        out = {}
+        for q, a, b in zip(owners[bounds[:-1]].tolist(), bounds, bounds[1:]):
+            # ties: rare but among vocabulary words (they share one count); rows are in the dictionary's order
+            load = [(words[r], int(self._counts[r])) for r in sorted(rows[a:b].tolist())] if q in tied else None
+            out[q] = (items[a:b], load)
+        return out
 
 
-def _closest(sym: SymSpell, index: _DeleteIndex, queries: list[tuple[str, int]]) -> list[tuple[int, list, bool]]:
-    """For each (word, limit): (distance, (term, count) of the closest words, whether two counts are equal) as
-    sym.lookup(word, Verbosity.CLOSEST, limit) finds them (no words: distance 0), most frequent first. `index`
-    answers in one batch; symspellpy itself for a word in the dictionary, limit > 2 or a search that could reach a
-    word longer than _INDEXED (then in its order, untied)."""
+def _closest(index: _DeleteIndex, sym: SymSpell | None,
+             queries: list[tuple[str, int]]) -> list[tuple[int, list, list | None]]:
+    """For each (word, limit): (distance, (term, count) of the closest words, most frequent first; where two counts
+    are equal the same in the dictionary's order, else None) as symspellpy's lookup(word, Verbosity.CLOSEST, limit)
+    over index's words finds them (no words: distance 0). `index` answers in one batch; symspellpy's search itself
+    (`sym`, or the shipped dictionary's, _base) for a word in the dictionary, limit > 2 or a search that could reach
+    a word longer than _INDEXED (then in its order: None)."""
     out: list = [None] * len(queries)
     mine = []
     for q, (word, limit) in enumerate(queries):
         if len(word) - limit > index.longest:
-            out[q] = (0, [], False)  # nothing that long (symspellpy's first check)
-        elif limit <= index.depth and word not in sym.words and (
+            out[q] = (0, (), None)  # nothing that long (symspellpy's first check)
+        elif limit <= index.depth and word not in index.counts and (
                 index.longest <= _INDEXED or len(word) + limit <= _INDEXED):
             mine.append(q)
     for q, found in zip(mine, index.closest([queries[q][0] for q in mine], [queries[q][1] for q in mine])):
         out[q] = found
     for q, (word, limit) in enumerate(queries):
         if out[q] is None:
-            out[q] = (*_lookup(sym, word, limit), False)
+            out[q] = (*_lookup(sym if sym is not None else _base(index.max_edit_distance), word, limit), None)
     return out
+
+
+def _tie_ordered(index: _DeleteIndex, sym: SymSpell | None, word: str, limit: int,
+                 load: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The closest words of `word` (`load`: all of them, in the dictionary's order) in symspellpy's lookup order,
+    which breaks ties of equal count by the order its search meets them in; so its search answers: `sym` where one
+    is loaded, else a search over these words alone, added in the dictionary's order. That search keeps the words
+    and the order of the whole dictionary's: the search meets its candidate spellings in a fixed order, each one's
+    words in the dictionary's order, and what it does with a closest word depends only on the words met before it
+    at the same distance (the first sets the distance searched to theirs), never on a farther word: the index
+    searches within 1 or 2 edits and the closest words are at least 1 away, so a farther word is at `limit`, the
+    distance the search starts with. Checked against the whole dictionary's search in tests/defenses/test_spell.py."""
+    if sym is None:
+        sym = SymSpell(max_dictionary_edit_distance=index.max_edit_distance, prefix_length=_PREFIX_LENGTH)
+        for term, count in load:
+            sym.create_dictionary_entry(term, count)
+    return _lookup(sym, word, limit)[1]
 
 
 def _lookup(sym: SymSpell, word: str, limit: int) -> tuple[int, list[tuple[str, int]]]:
@@ -403,8 +457,21 @@ def _lookup(sym: SymSpell, word: str, limit: int) -> tuple[int, list[tuple[str, 
 
 @lru_cache(maxsize=4)
 def _base_index(max_edit_distance: int) -> _DeleteIndex:
-    """_DeleteIndex of the shipped dictionary (about a second and 50 MB, once per edit distance)."""
-    return _DeleteIndex(_base(max_edit_distance).words, max_edit_distance)
+    """_DeleteIndex of the shipped dictionary (0.7 s and 90 MB, once per edit distance)."""
+    return _DeleteIndex(_counts(), max_edit_distance)
+
+
+@lru_cache(maxsize=4)
+def _vocabulary_dictionary(words: tuple[str, ...], max_edit_distance: int) -> tuple[SymSpell, _DeleteIndex]:
+    """The training vocabulary's words (each at EXTRA_COUNT) as symspellpy's dictionary and as a _DeleteIndex, shared
+    by the repairs built on one vocabulary (the evaluate step builds one per method) and never mutated, like the
+    shipped one's. Sharing it also keeps symspellpy's thousands of delete lists from being built again for each
+    repair: they outlive it long enough to count towards Python's full garbage collections (each one walks every
+    tracked object of the process, about 0.1 s beside torch)."""
+    sym = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=_PREFIX_LENGTH)
+    for w in words:
+        sym.create_dictionary_entry(w, EXTRA_COUNT)
+    return sym, _DeleteIndex(sym.words, max_edit_distance)
 
 
 def _undoubled(word: str, limit: int = 4):
@@ -415,12 +482,12 @@ def _undoubled(word: str, limit: int = 4):
         yield "".join(word[start + 1:end] for start, end in zip([-1] + drop, drop + [len(word)]))
 
 
-@lru_cache(maxsize=4)
-def _real_words(max_edit_distance: int) -> dict[str, str]:
+@lru_cache(maxsize=1)
+def _real_words() -> dict[str, str]:
     """`real_word`'s rewrites, found once for the whole shipped dictionary: each dictionary word rarer than
     REAL_WORD_MAX_COUNT whose letters spell one REAL_WORD_RATIO times as frequent (rae -> are) -> that word. (A
     training-vocabulary word is never one: the vocabulary adds only words the dictionary lacks.)"""
-    counts, letters = _base(max_edit_distance).words, _anagram_index(max_edit_distance)[1]
+    counts, letters = _counts(), _anagram_index()[1]
     out = {}
     for word, n in counts.items():
         if n < REAL_WORD_MAX_COUNT:
@@ -430,10 +497,10 @@ def _real_words(max_edit_distance: int) -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=4)
-def _bare_contractions(max_edit_distance: int) -> frozenset[str]:
+@lru_cache(maxsize=1)
+def _bare_contractions() -> frozenset[str]:
     """Dictionary words with an apostrophe, written without it (dont, im, theyre)."""
-    return frozenset(w.replace("'", "") for w in _base(max_edit_distance).words if "'" in w)
+    return frozenset(w.replace("'", "") for w in _counts() if "'" in w)
 
 
 def vocabulary_counts(texts: Iterable[str] | Mapping[str, int]) -> Counter:
@@ -491,34 +558,32 @@ class SpellRepair:
         if max_edit_distance < 1:
             raise ValueError(f"max_edit_distance must be >= 1, got {max_edit_distance}")
         self.max_edit_distance = int(max_edit_distance)
-        self._sym = _base(self.max_edit_distance)
-        self._words = self._sym.words  # word -> count (symspellpy's `words` is a property: one call per use)
-        self._keep_bare = _bare_contractions(self.max_edit_distance)
+        self._words = _counts()  # word -> count
+        self._keep_bare = _bare_contractions()
         self._extra: SymSpell | None = None
-        self._dictionaries = [(self._sym, _base_index(self.max_edit_distance))]  # (symspellpy's, _DeleteIndex)
+        # (_DeleteIndex, symspellpy's search over the same words where one is loaded: _closest)
+        self._dictionaries: list[tuple[_DeleteIndex, SymSpell | None]] = [(_base_index(self.max_edit_distance), None)]
         self.extra_words: frozenset[str] = frozenset()
         if extra_vocabulary is not None:
             counts = vocabulary_counts(extra_vocabulary)
-            words = sorted(w for w, c in counts.items() if c >= min_count and w not in self._sym.words)
+            words = sorted(w for w, c in counts.items() if c >= min_count and w not in self._words)
             if words:
                 # A small second dictionary instead of adding to the shared, cached base (slow to load).
-                self._extra = SymSpell(max_dictionary_edit_distance=self.max_edit_distance, prefix_length=7)
-                for w in words:
-                    self._extra.create_dictionary_entry(w, EXTRA_COUNT)
+                self._extra, index = _vocabulary_dictionary(tuple(words), self.max_edit_distance)
                 self.extra_words = frozenset(words)
-                self._dictionaries.append((self._extra, _DeleteIndex(self._extra.words, self.max_edit_distance)))
+                self._dictionaries.append((index, self._extra))
         self.fixes = frozenset(fixes)
         unknown = self.fixes - FIXES
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
-        self._jumbles = _anagram_index(self.max_edit_distance)[0] if self.fixes else {}
-        self._real_words = _real_words(self.max_edit_distance) if "real_word" in self.fixes else {}
+        self._jumbles = _anagram_index()[0] if self.fixes else {}
+        self._real_words = _real_words() if "real_word" in self.fixes else {}
         self._confused = _confusions() if "confusions" in self.fixes else {}
         self._context = "context" in self.fixes
         self._glyphs = "glyphs" in self.fixes
         if self._context:
             self._follows, pairs_total, self._floor = _bigrams()
-            self._total = sum(self._sym.words.values())
+            self._total = sum(self._words.values())
             self._scale = pairs_total / self._total  # bigram per unigram count: the lists come from different corpora
         # Caches, each bounded by _CACHE_LIMIT (outputs never depend on them: every entry is a pure function of
         # its key): lower-case word -> correction (_correct); word as written -> its repair, or (word, candidates)
@@ -599,17 +664,17 @@ class SpellRepair:
     def _candidates(self, queries: list[tuple[str, int]]) -> list[tuple[tuple[str, int], ...]]:
         """For each (word, limit): (term, count) of the closest words within `limit` of the dictionary and the
         training vocabulary, the dictionary's first (searched in one batch: _closest), each in symspellpy's lookup
-        order: by count, equal counts in its search's order, which only its search knows; so symspellpy answers
-        when counts tie (vocabulary words all share one) among the nearest (the ones kept)."""
-        searched = [(sym, _closest(sym, index, queries)) for sym, index in self._dictionaries]
+        order: by count, equal counts in its search's order, which only its search knows; so symspellpy's search
+        answers when counts tie (vocabulary words all share one) among the nearest (the ones kept: _tie_ordered)."""
+        searched = [(index, sym, _closest(index, sym, queries)) for index, sym in self._dictionaries]
         out = []
         for q, (word, limit) in enumerate(queries):
-            hits = [(sym, found[q]) for sym, found in searched if found[q][1]]
-            nearest = min((distance for _, (distance, _, _) in hits), default=0)
+            hits = [(index, sym, found[q]) for index, sym, found in searched if found[q][1]]
+            nearest = min((distance for _, _, (distance, _, _) in hits), default=0)
             found = []
-            for sym, (distance, items, tied) in hits:
+            for index, sym, (distance, items, load) in hits:
                 if distance == nearest:
-                    found += _lookup(sym, word, limit)[1] if tied else items
+                    found += items if load is None else _tie_ordered(index, sym, word, limit, load)
             out.append(tuple(found))
         return out
 
