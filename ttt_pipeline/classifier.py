@@ -156,7 +156,8 @@ class Classifier:
     # ------------------------------------------------------------------ prediction
 
     def _repairs(self, name: str, ttt) -> list[Callable[[list[str]], list[str]]]:
-        """The method's text repairs, built once per setting (a spelling dictionary loads in seconds)."""
+        """The method's text repairs, built once per setting (a spelling dictionary and its index take about a
+        second)."""
         from ttt_pipeline.config import flatten
         from ttt_pipeline.defenses import registry
 
@@ -171,7 +172,8 @@ class Classifier:
         return registry.build_repairs(name, ttt, context, self._repair_cache, key)
 
     def prepare(self, method: str | None = None, **overrides) -> "Classifier":
-        """Build what a method needs before the first call (spell's dictionary loads in seconds); returns self."""
+        """Build what a method needs before the first call (spell's dictionary and index take about a second);
+        returns self."""
         name, ttt = self.settings(method, **overrides)
         with self._lock:
             self._repairs(name, ttt)

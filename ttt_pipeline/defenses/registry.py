@@ -127,8 +127,8 @@ def build_engine(method: Method | str, model, tokenizer, settings):
 def build_repairs(method: Method | str, settings, context: dict | None = None, cache: dict | None = None,
                   key: tuple = ()) -> list[Callable]:
     """The method's text repairs, each given its own settings (`ttt.<repair>`, see own_settings). With `cache`,
-    each repair is built once per (name, *key) and reused: a spelling dictionary loads in seconds, so the
-    pipeline, the Classifier and the benches build it once for many sets."""
+    each repair is built once per (name, *key) and reused: a spelling dictionary and its index take about a
+    second, so the pipeline, the Classifier and the benches build it once for many sets."""
     m = parse(method) if isinstance(method, str) else method
 
     def make(r: str):

@@ -51,7 +51,7 @@ def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max
     """Class logits of `texts` under a method name (`none`, `masked_ttt`, `spell`, `spell+masked_ttt`, ...).
 
     `settings` is a TTTConfig or an EngineSettings (its `seed` is the mask seed); `repairs` are the method's text
-    repairs when the caller built them once for many sets (a spelling dictionary loads in seconds)."""
+    repairs when the caller built them once for many sets (a spelling dictionary and its index take about a second)."""
     return score_texts(model, tokenizer, texts, method, settings, max_length, batch_size, device, progress,
                        repairs)[0]
 
