@@ -293,6 +293,25 @@ def test_ties_are_ordered_as_the_whole_dictionarys_search_orders_them(max_edit_d
         assert spell._tie_ordered(index, None, word, limit, load) == expected, word
 
 
+def test_undouble_skips_only_words_no_known_word_undoubles_from(repair):
+    """_may_undouble (one set lookup) is false only where none of _undoubled's spellings is known: checked on typos
+    with a letter doubled or tripled in dictionary words (and a vocabulary word), the words themselves and random
+    typos of them."""
+    vocabulary = SpellRepair(extra_vocabulary=["zorbbix zorbbix"] * 2)
+    rng = random.Random(3)
+    words = rng.sample(sorted(w for w in spell._counts() if w.isalpha() and len(w) >= 3), 3000) + ["zorbbix"]
+    typos = [w[:i] + w[i] * rng.choice((1, 2)) + w[i:] for w in words for i in [rng.randrange(len(w))]]
+    checked = [t for t in typos + words + sorted(_typos(words, 3000, seed=4)) if spell._DOUBLE.search(t)]
+    skipped = 0
+    for word in checked:
+        for r in (repair, vocabulary):
+            found = any(r._known(v) for v in spell._undoubled(word))
+            assert r._may_undouble(word) or not found, word
+            skipped += not r._may_undouble(word)
+    assert len(checked) > 2000 and skipped > 100
+    assert vocabulary._may_undouble("zorrbbix") and not repair._may_undouble("zorrbbix")
+
+
 def test_counts_are_the_dictionary_symspellpy_loads():
     """_counts reads the shipped dictionary as symspellpy's load_dictionary does: same words, counts and order."""
     counts, loaded = spell._counts(), spell._base(2).words

@@ -76,6 +76,7 @@ _SPLIT = re.compile(f"({_TOKEN.pattern})")
 _CANDIDATE = re.compile(r"[A-Za-z]{2,}")
 _TRIPLE = re.compile(r"(.)\1{2,}")
 _DOUBLE = re.compile(r"(.)\1")  # _undoubled has nothing to try without one
+_RUN = re.compile(r"(.)\1+")  # a letter written more than once in a row (_singled)
 # `glyphs`: a word with a digit or two where letters belong (pr0duct, he11o, 9ood); numbers with units (80s, 4th,
 # 1080p, 64gb) and model names (mp3, ps4, sd850) do not match: 3+ letters, at most 2 digits, 1 leading digit at most.
 _TRAILING_DIGITS = re.compile(r"([a-z]+)[0-9]+")
@@ -474,6 +475,19 @@ def _vocabulary_dictionary(words: tuple[str, ...], max_edit_distance: int) -> tu
     return sym, _DeleteIndex(sym.words, max_edit_distance)
 
 
+def _singled(word: str) -> str:
+    """`word` with each run of a letter written once (good -> god): the same for a word and every spelling
+    _undoubled makes of it."""
+    return _RUN.sub(r"\1", word)
+
+
+@lru_cache(maxsize=1)
+def _singled_known() -> frozenset[str]:
+    """_singled of every shipped-dictionary word and bare contraction: a word can undouble into one of them only if
+    its own _singled is here, so most typos skip _undoubled's tries (SpellRepair._without_search)."""
+    return frozenset(map(_singled, [*_counts(), *_bare_contractions()]))
+
+
 def _undoubled(word: str, limit: int = 4):
     """Spellings of `word` with some of its doubled letters written once (at most 2**limit of them)."""
     runs = [i for i in range(1, len(word)) if word[i] == word[i - 1]][:limit]
@@ -573,6 +587,8 @@ class SpellRepair:
                 self.extra_words = frozenset(words)
                 self._dictionaries.append((index, self._extra))
         self.fixes = frozenset(fixes)
+        self._singled_base = _singled_known() if "undouble" in self.fixes else frozenset()
+        self._singled_extra = frozenset(map(_singled, self.extra_words))
         unknown = self.fixes - FIXES
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
@@ -596,6 +612,11 @@ class SpellRepair:
     def _known(self, word: str) -> bool:
         return word in self._words or word in self.extra_words or word in self._keep_bare
 
+    def _may_undouble(self, word: str) -> bool:
+        """Whether some known word is `word` with letters of its runs written once (_singled_known)."""
+        single = _singled(word)
+        return single in self._singled_base or single in self._singled_extra
+
     def _count(self, word: str) -> int:
         return EXTRA_COUNT if word in self.extra_words else self._words.get(word, 0)
 
@@ -610,10 +631,10 @@ class SpellRepair:
             return self._real_words.get(low), None  # `real_word`
         if not low.isalpha():  # a glyph word (`glyphs`): only _to_correct's _GLYPH lets digits in
             return self._unglyphed(low), None
-        squeezed = _TRIPLE.sub(r"\1\1", low)
+        squeezed = _TRIPLE.sub(r"\1\1", low) if _TRIPLE.search(low) else low
         if squeezed != low and self._known(squeezed):
             return squeezed, None
-        if "undouble" in self.fixes and _DOUBLE.search(squeezed):
+        if "undouble" in self.fixes and _DOUBLE.search(squeezed) and self._may_undouble(squeezed):
             known = [w for w in _undoubled(squeezed) if self._known(w)]
             if known:
                 return max(known, key=lambda w: (self._count(w), w)), None
@@ -666,7 +687,13 @@ class SpellRepair:
         training vocabulary, the dictionary's first (searched in one batch: _closest), each in symspellpy's lookup
         order: by count, equal counts in its search's order, which only its search knows; so symspellpy's search
         answers when counts tie (vocabulary words all share one) among the nearest (the ones kept: _tie_ordered)."""
-        searched = [(index, sym, _closest(index, sym, queries)) for index, sym in self._dictionaries]
+        searched, limits = [], [limit for _, limit in queries]
+        for index, sym in self._dictionaries:
+            searched.append((index, sym, _closest(index, sym, list(zip([w for w, _ in queries], limits)))))
+            # a later dictionary's words count only at the nearest distance found so far: where that is 1, it need
+            # not search at 2 (the index answers both ways, so its answers within 1 are the same)
+            limits = [1 if limit == 2 and found[0] == 1 and len(word) + 2 <= _INDEXED else limit
+                      for (word, _), limit, found in zip(queries, limits, searched[-1][2])]
         out = []
         for q, (word, limit) in enumerate(queries):
             hits = [(index, sym, found[q]) for index, sym, found in searched if found[q][1]]
@@ -679,19 +706,22 @@ class SpellRepair:
         return out
 
     def _prepared(self, found: tuple) -> tuple:
-        """found's (term, count), each with what _ranked needs of it whatever the neighbours (_term_stats)."""
+        """found's (term, count), each with what _ranked needs of it whatever the neighbours (_term_stats); one
+        stored tuple per term, reused by every misspelling it is a candidate of (the count is the term's own)."""
         stats, term_stats = self._stats, self._term_stats
-        return tuple((term, count) + (stats.get(term) or term_stats(term)) for term, count in found)
+        return tuple([s if (s := stats.get(term)) is not None and s[1] == count else term_stats(term, count)
+                      for term, count in found])
 
-    def _term_stats(self, term: str) -> tuple:
-        """A candidate's count for the independence estimate, log n and log(scale n) (n: the count, at least 1) and
-        scale * count; kept per term, since the same words are candidates of many misspellings. Numbers only, no
-        reference to the bigram dicts: Python's collector stops tracking a tuple of strings and numbers, never one
-        holding a dict, and tens of thousands of tracked tuples per 400 reviews made it walk the whole dictionary
-        (0.6 s) every few repairs."""
+    def _term_stats(self, term: str, count: int) -> tuple:
+        """(term, count, the count for the independence estimate, log n, log(scale n), scale * that count), n being
+        it or 1; kept per term, since the same words are candidates of many misspellings. Strings and numbers only,
+        no reference to the bigram dicts: Python's collector stops tracking such a tuple, never one holding a dict,
+        and tens of thousands of tracked tuples per 400 reviews made it walk the whole dictionary (0.6 s) every few
+        repairs."""
         raw = self._count(term)
         n = max(raw, 1)
-        return _remember(self._stats, term, (raw, math.log(n), math.log(self._scale * n), self._scale * raw))
+        return _remember(self._stats, term, (term, count, raw, math.log(n), math.log(self._scale * n),
+                                             self._scale * raw))
 
     def _ranked(self, found: tuple, before: str | None, after: str | None) -> str:
         """The candidate (of _prepared's `found`) most probable between its neighbours, P(w | before) P(after | w)
