@@ -411,7 +411,7 @@ class _DeleteIndex:
 
 
 def _closest(index: _DeleteIndex, sym: SymSpell | None,
-             queries: list[tuple[str, int]]) -> list[tuple[int, list, list | None]]:
+             queries: list[tuple[str, int]]) -> list[tuple[int, tuple, list | None]]:
     """For each (word, limit): (distance, (term, count) of the closest words, most frequent first; where two counts
     are equal the same in the dictionary's order, else None) as symspellpy's lookup(word, Verbosity.CLOSEST, limit)
     over index's words finds them (no words: distance 0). `index` answers in one batch; symspellpy's search itself
