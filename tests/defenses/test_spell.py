@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 import string
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -310,6 +312,26 @@ def test_undouble_skips_only_words_no_known_word_undoubles_from(repair):
             skipped += not r._may_undouble(word)
     assert len(checked) > 2000 and skipped > 100
     assert vocabulary._may_undouble("zorrbbix") and not repair._may_undouble("zorrbbix")
+
+
+def test_a_repair_does_not_load_symspellpys_index_of_the_whole_dictionary():
+    """Repairs at edit distance 1 and 2, with and without a vocabulary, search with _DeleteIndex and order ties by
+    _tie_ordered: symspellpy's index of the shipped dictionary (2 s, 135 MB) never loads; distance 3 still needs it.
+    In a fresh process: this one's tests load it as their reference."""
+    code = """if True:
+        from ttt_pipeline.corruption import corrupt_texts
+        from ttt_pipeline.corruption.samples import synthetic_reviews
+        from ttt_pipeline.defenses import spell
+        texts = synthetic_reviews(60, seed=2)
+        typos = corrupt_texts(texts, "tutorial", 4, 1).texts + corrupt_texts(texts, "keyboard", 4, 1).texts
+        for distance, vocabulary in ((1, None), (2, None), (2, texts)):
+            assert spell.SpellRepair(distance, vocabulary).repair_all(typos) != typos
+        print(spell._base.cache_info().currsize, end=" ")
+        spell.SpellRepair(3).repair_all(typos[:5])
+        print(spell._base.cache_info().currsize)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["0", "1"]
 
 
 def test_counts_are_the_dictionary_symspellpy_loads():
