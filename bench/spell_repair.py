@@ -256,7 +256,7 @@ def main() -> None:
     SpellRepair(extra_vocabulary=train)
     vocab_s = time.perf_counter() - t
 
-    out = {"reviews": len(test), "words_per_review": round(words, 1), "dictionary_load_s": round(load_s, 2),
+    out = {"reviews": len(test), "words_per_review": round(words, 1), "counts_load_s": round(load_s, 2),
            "index_build_s": round(index_s, 2), "vocabulary_build_s": round(vocab_s, 2), "train_reviews": len(train)}
     out["reviews_per_s_clean"] = round(speed(SpellRepair, test), 1)
     out["reviews_per_s_corrupted"] = round(speed(SpellRepair, corrupted), 1)

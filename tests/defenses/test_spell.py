@@ -291,14 +291,14 @@ def test_ties_are_ordered_as_the_whole_dictionarys_search_orders_them(max_edit_d
     full = spell._base(max_edit_distance)
     assert len(tied) >= 20
     for (word, limit), (_, _, load) in tied:
-        expected = [(f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
+        expected = tuple((f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit))
         assert spell._tie_ordered(index, None, word, limit, load) == expected, word
 
 
 @pytest.mark.parametrize("max_edit_distance", [1, 2, 3])
 def test_ties_keep_the_whole_searchs_order_where_every_count_is_equal(max_edit_distance):
     """The same under heavy ties: 3,000 real words sharing one count (as vocabulary words do), so every answer of
-    two or more words is a tie; typos of them at limits 1 and 2."""
+    two or more words is a tie; typos of them at limits 1 and 2 (only 1 at edit distance 1)."""
     rng = random.Random(5)
     words = sorted(rng.sample(sorted(w for w in spell._counts() if w.isalpha() and 2 <= len(w) <= 12), 3000))
     full = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=spell._PREFIX_LENGTH)
@@ -310,7 +310,7 @@ def test_ties_keep_the_whole_searchs_order_where_every_count_is_equal(max_edit_d
     tied = [(q, found) for q, found in zip(queries, spell._closest(index, None, queries)) if found[2] is not None]
     assert len(tied) > 100
     for (word, limit), (_, _, load) in tied:
-        expected = [(f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
+        expected = tuple((f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit))
         assert spell._tie_ordered(index, None, word, limit, load) == expected, word
 
 

@@ -5,8 +5,8 @@ rewrites spacing; per-word lookups with a per-word cache cost little once the re
 lookups' answers are found, for all new words of a batch at once, by a whole-word delete index (_DeleteIndex):
 the same words in the same order as symspellpy's `lookup`, several times faster than one pure-Python lookup per
 word. Where only symspellpy's search knows the order (equal counts), its search runs over the closest words alone
-(_tie_ordered), so its index of the whole shipped dictionary (2 s and 135 MB) loads only for the searches the
-index leaves to it: edit distance 3, words over 64 letters.
+(_tie_ordered), so its index of the whole shipped dictionary (2 s and 135 MB) loads only for edit distance 3 (a
+training-vocabulary word over 64 letters sends a search to the vocabulary's own small SymSpell).
 Only what is likely a typo is touched, so clean text passes through (almost) unchanged:
 
 - the text is cut into word / non-word runs; punctuation, whitespace and numbers are copied verbatim;
@@ -176,7 +176,8 @@ def _counts() -> dict[str, int]:
 @lru_cache(maxsize=4)
 def _base(max_edit_distance: int) -> SymSpell:
     """symspellpy's search over the shipped dictionary, once per edit distance (2 s and 135 MB; never mutated
-    afterwards). Loaded only for the searches _DeleteIndex leaves to it: edit distance 3, words over _INDEXED letters."""
+    afterwards). Loaded only for the searches _DeleteIndex leaves to it: edit distance 3 (the dictionary's longest
+    word has 28 letters, so none reaches past _INDEXED)."""
     sym = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=_PREFIX_LENGTH)
     with resources.as_file(resources.files("symspellpy") / DICTIONARY) as path:
         if not sym.load_dictionary(str(path), term_index=0, count_index=1, encoding="utf-8"):
@@ -356,7 +357,7 @@ class _DeleteIndex:
         self._near = _Level(*_delete_hashes(self.words, (0, 1)))  # the word and its 1-letter deletes
         self._far = _Level(*_delete_hashes(self.words, (2,))) if self.depth == 2 else None  # its 2-letter deletes
 
-    def closest(self, queries: list[str], limits: list[int]) -> list[tuple[int, tuple[tuple[str, int], ...], list | None]]:
+    def closest(self, queries: list[str], limits: list[int]) -> list[tuple[int, tuple, list | None]]:
         """For each query word (not in the dictionary; limit <= depth): (d, (word, count) of the words at Damerau
         OSA distance d, most frequent first, and where two counts are equal the same in the dictionary's order, else
         None) for the smallest d in 1..limit that has any, else (0, (), None)."""
@@ -379,7 +380,7 @@ class _DeleteIndex:
 
     def _measure(self, queries: list[str], k: int, pairs: list[tuple[np.ndarray, ...]]) -> dict[int, tuple]:
         """query -> ((word, count) of the words within k edits of it, most frequent first; where two counts are
-        equal, the same in the dictionary's order, else None), among the `pairs` (_Level.pairs) that _explained keeps."""
+        equal, the same in the dictionary's order, else None), among the `pairs` (_Level.pairs) _explained keeps."""
         owners, rows, qf, qs, wf, ws = (np.concatenate(column) for column in zip(*pairs))
         owners, rows = owners.astype(np.int64), rows.astype(np.int64)
         letters, starts = _flat_codes(queries)  # the letters each side deleted (at -1: a spare, not used then)
@@ -434,15 +435,12 @@ def _closest(index: _DeleteIndex, sym: SymSpell | None,
 
 
 def _tie_ordered(index: _DeleteIndex, sym: SymSpell | None, word: str, limit: int,
-                 load: list[tuple[str, int]]) -> list[tuple[str, int]]:
+                 load: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
     """The closest words of `word` (`load`: all of them, in the dictionary's order) in symspellpy's lookup order,
-    which breaks ties of equal count by the order its search meets them in; so its search answers: `sym` where one
-    is loaded, else a search over these words alone, added in the dictionary's order. That search keeps the words
-    and the order of the whole dictionary's: the search meets its candidate spellings in a fixed order, each one's
-    words in the dictionary's order, and what it does with a closest word depends only on the words met before it
-    at the same distance (the first sets the distance searched to theirs), never on a farther word: the index
-    searches within 1 or 2 edits and the closest words are at least 1 away, so a farther word is at `limit`, the
-    distance the search starts with. Checked against the whole dictionary's search in tests/defenses/test_spell.py."""
+    which breaks ties of equal count by the order its search meets them in: `sym`'s search where one is loaded,
+    else a search over these words alone, which keeps the whole dictionary's order because a farther word (at
+    `limit`, where the search starts, for limits 1 and 2) never changes what the search does with a closest one
+    (docs/results.md, 2026-11-27 session 31; tests/defenses/test_spell.py checks it)."""
     if sym is None:
         sym = SymSpell(max_dictionary_edit_distance=index.max_edit_distance, prefix_length=_PREFIX_LENGTH)
         for term, count in load:
@@ -450,10 +448,10 @@ def _tie_ordered(index: _DeleteIndex, sym: SymSpell | None, word: str, limit: in
     return _lookup(sym, word, limit)[1]
 
 
-def _lookup(sym: SymSpell, word: str, limit: int) -> tuple[int, list[tuple[str, int]]]:
-    """symspellpy's own answer: (distance, (term, count) of the closest words in its order); no words: (0, [])."""
+def _lookup(sym: SymSpell, word: str, limit: int) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """symspellpy's own answer: (distance, (term, count) of the closest words in its order); no words: (0, ())."""
     items = sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)
-    return (items[0].distance if items else 0), [(f.term, f.count) for f in items]
+    return (items[0].distance if items else 0), tuple((f.term, f.count) for f in items)
 
 
 @lru_cache(maxsize=4)
@@ -587,8 +585,9 @@ class SpellRepair:
                 self.extra_words = frozenset(words)
                 self._dictionaries.append((index, self._extra))
         self.fixes = frozenset(fixes)
-        self._singled_base = _singled_known() if "undouble" in self.fixes else frozenset()
-        self._singled_extra = frozenset(map(_singled, self.extra_words))
+        undouble = "undouble" in self.fixes
+        self._singled_base = _singled_known() if undouble else frozenset()
+        self._singled_extra = frozenset(map(_singled, self.extra_words)) if undouble else frozenset()
         unknown = self.fixes - FIXES
         if unknown:
             raise ValueError(f"unknown spell fixes {sorted(unknown)}; known: {sorted(FIXES)}")
@@ -692,8 +691,8 @@ class SpellRepair:
             searched.append((index, sym, _closest(index, sym, list(zip([w for w, _ in queries], limits)))))
             # a later dictionary's words count only at the nearest distance found so far: where that is 1, it need
             # not search at 2 (the index answers both ways, so its answers within 1 are the same)
-            limits = [1 if limit == 2 and found[0] == 1 and len(word) + 2 <= _INDEXED else limit
-                      for (word, _), limit, found in zip(queries, limits, searched[-1][2])]
+            limits = [1 if limit == 2 and answer[0] == 1 and len(word) + 2 <= _INDEXED else limit
+                      for (word, _), limit, answer in zip(queries, limits, searched[-1][2])]
         out = []
         for q, (word, limit) in enumerate(queries):
             hits = [(index, sym, found[q]) for index, sym, found in searched if found[q][1]]
