@@ -208,6 +208,52 @@ def test_attention_dropout_is_set_while_training_only_and_changes_the_training(m
     assert not torch.equal(weights[None], weights[0.0])
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_training_only(
+        make_tiny_clf, tmp_path, monkeypatch, attention):
+    """finetune.activation_checkpointing recomputes each layer in the backward pass with the dropout draws of the
+    forward (transformers' non-reentrant checkpointing keeps the RNG state): bit for bit the weights of a run
+    without it, which is why it is left out of the fine-tune's cache key."""
+    import ttt_pipeline.modeling.train as train
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import load_config
+
+    seen = []
+    epoch = train._train_epoch
+
+    def recording_epoch(loop, *args):
+        seen.append(loop.model.mlm_model.is_gradient_checkpointing)
+        return epoch(loop, *args)
+
+    monkeypatch.setattr(train, "_train_epoch", recording_epoch)
+    weights = {}
+    for on in (False, True):
+        model, tok = make_tiny_clf(("neg", "pos"))
+        cfg = FinetuneConfig(epochs=2, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
+                             mlm_warmup_max_steps=0, attention=attention, activation_checkpointing=on)
+        train.finetune(model, tok, _tiny_ds(tok, 4), _tiny_ds(tok, 4), cfg, tmp_path / f"{attention}-{on}")
+        assert not model.mlm_model.is_gradient_checkpointing
+        weights[on] = [q.detach().clone() for q in model.parameters()]
+    assert seen == [False, False, True, True]
+    assert all(torch.equal(a, b) for a, b in zip(weights[False], weights[True]))
+
+    class Out:
+        digest = "d"
+
+    on = load_config(None, ["finetune.activation_checkpointing=true"])
+    assert steps.finetune_inputs(on, Out(), Out()) == steps.finetune_inputs(load_config(None, []), Out(), Out())
+    assert "activation_checkpointing=true" in steps._memory_hint(load_config(None, []), "fine-tune")
+    assert "activation_checkpointing" not in steps._memory_hint(on, "fine-tune")
+
+    class NoCheckpointing(torch.nn.Module):
+        mlm_model = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ConfigError, match="finetune.activation_checkpointing") as err:
+        with train.training_checkpointing(NoCheckpointing(), True):
+            pass
+    assert "false" in err.value.hint
+
+
 def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set(monkeypatch):
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig, load_config

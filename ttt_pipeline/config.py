@@ -204,6 +204,10 @@ class FinetuneConfig(Section):
         "attention_dropout 0 keeps no attention score matrices: less memory. Training only: the saved model keeps "
         "the checkpoint's own.")
     compile: bool = Field(False, description="torch.compile the model before training.")
+    activation_checkpointing: bool = Field(
+        False, description="Keep only each encoder layer's input for the backward pass and recompute the rest "
+        "(transformers' gradient checkpointing, the same dropout draws: the same weights). Less memory, one more "
+        "forward per step.")
     augment: AugmentConfig | None = Field(
         None, description="Robust training: also train on seeded, suite-corrupted copies of a share of the training "
         "reviews, e.g. {families: [tutorial, keyboard], severities: [3], share: 0.5, seed: 1000} (keys families, "

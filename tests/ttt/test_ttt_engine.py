@@ -168,6 +168,43 @@ def test_model_mode_and_requires_grad_restored(tiny_clf):
     assert not out.requires_grad and not out.is_inference()
 
 
+def test_backward_accumulates_into_the_optimizers_gradient_and_no_weight_copy_is_kept(tiny_clf):
+    """FlatParams: each adapted parameter's .grad is a view of its group's flat gradient while adapting, so the
+    flat gradient is autograd's own (the same numbers a gather gave) and the engine holds the adapted weights four
+    times only (buffer, gradient, Adam's two moments; the source values are the model's own tensors)."""
+    model, tok = tiny_clf
+    eng = engine(tiny_clf, steps=1, sub_batch_tokens=64)  # several sub-batches: the gradient accumulates
+    ids, am = batch(tok, TEXTS[:6])
+    assert len(eng.chunks(am)) > 1
+    seen, loss_of = [], eng.chunk_loss
+
+    def recording(*args):
+        flat = eng.flat.flat[0].grad
+        seen.append(all(p.grad is not None and p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+                        for p in eng.params))
+        return loss_of(*args)
+
+    eng.chunk_loss = recording
+    eng.adapt(ids, am)
+    del eng.chunk_loss
+    assert seen and all(seen)
+    got = eng.flat.flat[0].grad.clone()
+    assert all(p.grad is None for p in eng.params)
+    eng.reset()
+    eng.flat.attach()
+    ctx = eng.prepare(ids, am, 0)
+    total = sum(eng.chunk_loss(*eng._slice(ids, am, rows), rows, ctx) for rows in eng.chunks(am))
+    grads = torch.autograd.grad(total, eng.params, allow_unused=True)
+    eng.reset()
+    want = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(eng.params, grads)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    n = sum(p.numel() for p in eng.params)
+    kept = [t for v in vars(eng.flat).values() for t in (v if isinstance(v, list) else [v]) if torch.is_tensor(t)]
+    held = [t for t in kept if t.numel() == n] + [eng.flat.flat[0].grad] + [
+        v for st in eng.opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+    assert [t.numel() for t in held] == [n] * 4
+
+
 def test_optimizer_reset_equals_fresh_optimizer():
     """Zeroing Adam's moments in place gives bit-for-bit a fresh optimizer's first step."""
     torch.manual_seed(0)

@@ -331,7 +331,6 @@ class EpisodicEngine:
             p.requires_grad_(False)
         for p in self.params:
             p.requires_grad_(True)
-            p.grad = None
         parts = self.chunks(attention_mask)
         try:
             for step in range(first_step, first_step + self.steps):
@@ -339,6 +338,7 @@ class EpisodicEngine:
                 if ctx is None:  # nothing to learn from (no maskable token): skip the step
                     continue
                 total, any_part = 0.0, False
+                self.flat.bind_grads()
                 for rows in parts:
                     ids, am = self._slice(input_ids, attention_mask, rows)
                     with self._autocast():
@@ -348,7 +348,7 @@ class EpisodicEngine:
                     loss.backward()
                     total += float(loss.detach())
                     any_part = True
-                if not any_part or not self.flat.gather_grads():
+                if not any_part:  # a loss that ran backward reached an adapted parameter (only they need grads)
                     continue
                 self.opt.step()
                 self.stats["steps"] += 1
@@ -357,8 +357,7 @@ class EpisodicEngine:
         finally:
             for p, f in zip(self._all, flags):
                 p.requires_grad_(f)
-            for p in self.params:
-                p.grad = None
+            self.flat.unbind_grads()
         if first is not None:
             self.stats["loss_sum"] += first
             self.stats["loss_n"] += 1

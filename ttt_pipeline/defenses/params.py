@@ -122,11 +122,13 @@ class FlatParams:
 
     attach() points each parameter's storage at its slice of the buffer (a metadata swap, no copy) and
     detach() points it back at its own, untouched tensor: in episodic use the model leaves `predict` with its
-    original storage and values whatever happened in between. restore() refills the buffer from a flat copy
-    of those originals (one copy kernel; gathering ~150 tensors is ~150 kernels). The optimizer works on
-    `self.flat` (one Parameter per group) whose `.grad` is gathered from the parameters' gradients by one
-    `torch.cat`. A parameter that got no gradient contributes zeros: Adam and SGD leave it as it is, as
-    torch.optim does; AdamW would decay it (torch.optim skips it), so engines leave out what cannot get one.
+    original storage and values whatever happened in between. restore() refills the buffer from those
+    originals (one `torch.cat` per group into the buffer; no second copy of the weights is kept). The optimizer
+    works on `self.flat` (one Parameter per group); bind_grads() makes each parameter's `.grad` a view into
+    its group's zeroed `.grad`, so the backward pass accumulates into the optimizer's gradient in place (no
+    gradient tensor per parameter, no gather). A parameter that gets no gradient keeps zeros: Adam and SGD leave
+    it as it is, as torch.optim does; AdamW would decay it (torch.optim skips it), so engines leave out what
+    cannot get one.
     """
 
     def __init__(self, params: list[nn.Parameter]):
@@ -137,21 +139,24 @@ class FlatParams:
             groups.setdefault((p.device, p.dtype), []).append(i)
         self.groups = list(groups.values())
         self.flat: list[nn.Parameter] = []
-        self.saved: list[torch.Tensor] = []
         self.views: list[torch.Tensor | None] = [None] * len(self.params)
-        self._zeros: dict[int, torch.Tensor] = {}
+        self.grad_views: list[torch.Tensor | None] = [None] * len(self.params)
         for idx in self.groups:
             with torch.no_grad():
-                buf = torch.cat([self.original[i].reshape(-1) for i in idx])
-            flat = nn.Parameter(buf)
-            self.saved.append(buf.detach().clone())
-            offset = 0
-            for i in idx:
-                n = self.original[i].numel()
-                self.views[i] = flat.data[offset:offset + n].view_as(self.original[i])
-                offset += n
+                flat = nn.Parameter(torch.cat([self.original[i].reshape(-1) for i in idx]))
             self.flat.append(flat)
+            for i, view in zip(idx, self._split(flat.data, idx)):
+                self.views[i] = view
         self.attached = False
+
+    def _split(self, buf: torch.Tensor, idx: list[int]) -> list[torch.Tensor]:
+        sizes = [self.original[i].numel() for i in idx]
+        return [v.view_as(self.original[i]) for i, v in zip(idx, buf.split(sizes))]
+
+    @property
+    def saved(self) -> list[torch.Tensor]:
+        """The source values, flat per group (a fresh copy: for diagnostics and tests)."""
+        return [torch.cat([self.original[i].reshape(-1) for i in idx]) for idx in self.groups]
 
     def attach(self) -> None:
         if not self.attached:
@@ -168,32 +173,27 @@ class FlatParams:
     @torch.no_grad()
     def restore(self) -> None:
         """Buffer := the original values (one kernel per group)."""
-        for flat, saved in zip(self.flat, self.saved):
-            flat.data.copy_(saved)
+        for idx, flat in zip(self.groups, self.flat):
+            torch.cat([self.original[i].reshape(-1) for i in idx], out=flat.data)
 
     @torch.no_grad()
-    def gather_grads(self) -> bool:
-        """flat.grad := the parameters' gradients (zeros where a parameter got none); frees those grads.
-        Returns False when no parameter got a gradient."""
-        any_grad = False
+    def bind_grads(self) -> None:
+        """Zero each group's gradient (allocated once) and make every parameter's `.grad` its view into it: the
+        backward pass then adds into the optimizer's gradient in place (autograd accumulates into a defined
+        `.grad`), which is what a gather of per-parameter gradients gave, without their memory or the copy."""
         for idx, flat in zip(self.groups, self.flat):
-            parts = []
-            for i in idx:
-                g = self.params[i].grad
-                if g is None:
-                    z = self._zeros.get(i)
-                    if z is None:
-                        z = self._zeros[i] = torch.zeros(self.original[i].numel(), device=flat.device,
-                                                         dtype=flat.dtype)
-                    parts.append(z)
-                else:
-                    any_grad = True
-                    parts.append(g.reshape(-1))
-                self.params[i].grad = None
-            if flat.grad is None or flat.grad.shape != flat.shape:
-                flat.grad = torch.empty_like(flat.data)
-            torch.cat(parts, out=flat.grad)
-        return any_grad
+            if flat.grad is None:
+                flat.grad = torch.zeros_like(flat.data)
+                for i, view in zip(idx, self._split(flat.grad, idx)):
+                    self.grad_views[i] = view
+            else:
+                flat.grad.zero_()
+        for p, g in zip(self.params, self.grad_views):
+            p.grad = g
+
+    def unbind_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     def changed(self) -> list[int]:
         """Indices of the parameters whose current values differ from the originals (tests, diagnostics)."""

@@ -323,6 +323,24 @@ def training_attention(model, attention):
         encoder.set_attn_implementation(before)
 
 
+@contextmanager
+def training_checkpointing(model, on: bool):
+    """transformers' gradient checkpointing of the encoder while training (non-reentrant, with the RNG state
+    kept, so the recomputed forward draws the same dropout), off again afterwards."""
+    if not on:
+        yield
+        return
+    encoder = model.mlm_model
+    if not getattr(encoder, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"finetune.activation_checkpointing: the encoder ({type(encoder).__name__}) does not "
+                          "support gradient checkpointing", "set finetune.activation_checkpointing=false")
+    encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield
+    finally:
+        encoder.gradient_checkpointing_disable()
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -564,7 +582,8 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     attention = resolve_attention(device, chosen.name, cfg.attention)
-    with training_attention(model, attention), training_attention_dropout(model, cfg.attention_dropout):
+    with training_attention(model, attention), training_attention_dropout(model, cfg.attention_dropout), \
+            training_checkpointing(model, cfg.activation_checkpointing):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
         loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)
