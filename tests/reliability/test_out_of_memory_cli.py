@@ -38,6 +38,21 @@ def test_memory_errors_are_recognised_and_others_pass_through():
             raise RuntimeError("shape mismatch")
 
 
+def test_onednn_primitive_failure_is_out_of_memory_only_under_a_memory_limit(monkeypatch):
+    import resource
+
+    primitive = RuntimeError("could not create a primitive")
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(resource, "getrlimit", lambda r: unlimited)
+    assert not is_out_of_memory(primitive)
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda r: (4_096_000_000, resource.RLIM_INFINITY) if r == resource.RLIMIT_AS else unlimited)
+    assert is_out_of_memory(primitive) and not is_out_of_memory(RuntimeError("shape mismatch"))
+    with pytest.raises(OutOfMemory, match=r"out of memory in evaluate \(could not create a primitive\)"):
+        with memory_errors("evaluate", "lower ttt.batch_size"):
+            raise primitive
+
+
 def test_a_step_names_itself_and_its_settings(tmp_path, tiny_bert_dir, monkeypatch):
     cfg = PipelineConfig.model_validate(tiny_config(tmp_path, tiny_bert_dir, suite="reliability"))
     store = StepStore(cfg.store)

@@ -79,12 +79,33 @@ class OutOfMemory(PipelineError):
 _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory", "not enough memory")
 
 
+# oneDNN's error when it cannot build a kernel, whatever the cause; measured (2026-11-27): its allocation failing
+# under `ulimit -v 4000000` in masked TTT's adaptation
+_ONEDNN_PRIMITIVE = "could not create a primitive"
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Python's MemoryError, CUDA's OutOfMemoryError, or a RuntimeError of torch's CPU allocator
-    (`DefaultCPUAllocator: can't allocate memory`), which has no class of its own."""
+    """Python's MemoryError, CUDA's OutOfMemoryError, a RuntimeError of torch's CPU allocator
+    (`DefaultCPUAllocator: can't allocate memory`), which has no class of its own, or oneDNN's `could not create
+    a primitive` while the process runs under an address-space or data-size limit (its other causes, an
+    unsupported kernel for example, pass through as they are)."""
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _MEMORY_WORDS)
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    return any(w in text for w in _MEMORY_WORDS) or (_ONEDNN_PRIMITIVE in text and memory_limit() is not None)
+
+
+def memory_limit() -> int | None:
+    """The process's address-space or data-size limit in bytes (`ulimit -v` / `-d`), None when unlimited."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA)]
+    finite = [x for x in limits if x != resource.RLIM_INFINITY]
+    return min(finite) if finite else None
 
 
 @functools.cache
