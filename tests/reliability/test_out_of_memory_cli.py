@@ -115,3 +115,29 @@ def test_every_stage_releases_its_freed_memory_when_it_ends(monkeypatch):
     with pytest.raises(OutOfMemory), memory_errors("evaluate", "x"):
         raise MemoryError()
     assert len(calls) == 3
+
+
+ARROW_PROBE = """
+import contextlib, io, os
+from ttt_pipeline.cli import main as cli
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    cli.main(["--help"])
+import pyarrow, pyarrow._dataset  # what `datasets` loads; mimalloc's pool reserves its 1 GiB here
+big = [l for l in open("/proc/self/maps") if (lambda a, b: b - a)(*(int(x, 16) for x in l.split()[0].split("-"))) >= 2**30]
+print(os.environ["ARROW_DEFAULT_MEMORY_POOL"], pyarrow.default_memory_pool().backend_name, len(big))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_the_cli_takes_the_system_arrow_pool_without_its_address_space_reservation():
+    """`ttt-pipeline` sets ARROW_DEFAULT_MEMORY_POOL=system before pyarrow loads (a user's value wins): mimalloc's
+    pool reserves 1 GiB of address space, which made the demo run out under `ulimit -v 4000000`."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", ARROW_PROBE], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["system", "system", "0"], out.stdout
+    out = subprocess.run([sys.executable, "-c", ARROW_PROBE], env={**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["mimalloc", "mimalloc", "1"], out.stdout
