@@ -221,8 +221,13 @@ def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_traini
     seen = []
     epoch = train._train_epoch
 
+    def checkpointing(model):
+        enc = model.mlm_model
+        return enc.is_activation_checkpointing if hasattr(enc, "is_activation_checkpointing") else \
+            enc.is_gradient_checkpointing
+
     def recording_epoch(loop, *args):
-        seen.append(loop.model.mlm_model.is_gradient_checkpointing)
+        seen.append(checkpointing(loop.model))
         return epoch(loop, *args)
 
     monkeypatch.setattr(train, "_train_epoch", recording_epoch)
@@ -232,7 +237,9 @@ def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_traini
         cfg = FinetuneConfig(epochs=2, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
                              mlm_warmup_max_steps=0, attention=attention, activation_checkpointing=on)
         train.finetune(model, tok, _tiny_ds(tok, 4), _tiny_ds(tok, 4), cfg, tmp_path / f"{attention}-{on}")
-        assert not model.mlm_model.is_gradient_checkpointing
+        assert not checkpointing(model)
+        assert not getattr(model.mlm_model, "_require_grads_hooks", None)  # transformers' embedding hook removed too
+        assert not getattr(model.mlm_model, "_require_grads_hook", None)
         weights[on] = [q.detach().clone() for q in model.parameters()]
     assert seen == [False, False, True, True]
     assert all(torch.equal(a, b) for a, b in zip(weights[False], weights[True]))
@@ -244,6 +251,8 @@ def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_traini
     assert steps.finetune_inputs(on, Out(), Out()) == steps.finetune_inputs(load_config(None, []), Out(), Out())
     assert "activation_checkpointing=true" in steps._memory_hint(load_config(None, []), "fine-tune")
     assert "activation_checkpointing" not in steps._memory_hint(on, "fine-tune")
+    with pytest.raises(ConfigError, match="activation_checkpointing needs mode full"):
+        load_config(None, ["finetune.activation_checkpointing=true", "finetune.mode=frozen_encoder"])
 
     class NoCheckpointing(torch.nn.Module):
         mlm_model = torch.nn.Linear(2, 2)

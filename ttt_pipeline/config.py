@@ -219,6 +219,9 @@ class FinetuneConfig(Section):
     def _fp16_needs_cuda(self) -> "FinetuneConfig":
         if self.device == "cpu" and self.precision == "fp16":
             raise ValueError("precision fp16 needs device cuda; on CPU use bf16 or fp32")
+        if self.activation_checkpointing and self.mode == "frozen_encoder":
+            raise ValueError("activation_checkpointing needs mode full: a frozen encoder keeps no activations for a "
+                             "backward pass; set finetune.activation_checkpointing=false")
         return self
 
 

@@ -25,7 +25,7 @@ VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 # Fine-tune settings that change how the weights are computed, not what they are (activation checkpointing
-# recomputes the same forward with the same dropout draws: tests/modeling/test_checkpointing.py): not in the key.
+# recomputes the same forward with the same dropout draws: tests/test_train.py): not in the key.
 DEVICE_ONLY = {"device", "num_workers", "compile", "activation_checkpointing"}
 # Fine-tune settings added later whose null is what ran before they existed: left out of the key when null, so
 # models cached earlier keep their keys.
@@ -60,20 +60,21 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     fused = ft.attention_dropout == 0 and resolved_attention(cfg).name != "eager"
     attention = "" if fused else ("finetune.attention_dropout=0 with finetune.attention=sdpa keeps no attention score "
                                   "matrices; ")
-    checkpointing = "" if ft.activation_checkpointing else ("finetune.activation_checkpointing=true keeps only "
-                                                             "each layer's input (the same weights, a slower step); ")
+    checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
+        "finetune.activation_checkpointing=true keeps only each layer's input (the same weights, a slower step); ")
     sub = ttt.sub_batch_tokens or 0
-    sub_batches = (f"ttt.sub_batch_tokens={min(sub, 2048) // 2 if sub else 2048} adapts in smaller sub-batches (the "
-                   "same loss and step); ")
+    sub_batches = "" if sub == 1 else (f"ttt.sub_batch_tokens={max(1, min(sub, 2048) // 2) if sub else 2048} adapts "
+                                       "in smaller sub-batches (the same loss and step, up to rounding); ")
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
         "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
-                     f"{attention}{checkpointing}finetune.precision=bf16 halves activations (fast on CUDA and on CPUs with native "
-                     "bf16)",
+                     f"{attention}{checkpointing}finetune.precision=bf16 halves activations (fast on CUDA and on CPUs "
+                     "with native bf16)",
         "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",
         "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
-                    f"{sub_batches}ttt.params=layernorm adapts and copies far fewer weights than ttt.params={ttt.params}",
+                    f"{sub_batches}ttt.params=layernorm adapts and copies far fewer weights than "
+                    f"ttt.params={ttt.params}",
         "attribute": f"lower attribution.batch_size (now {cfg.attribution.batch_size}), attribution.proj_dim "
                      f"(now {cfg.attribution.proj_dim}) or attribution.max_train",
     }[stage]

@@ -72,7 +72,7 @@ def test_high_entropy_reviews_do_not_move_the_weights(tiny_clf, recipe_batch):
     tent.adapt(ids[reliable], am[reliable])
     expected = [f.data.clone() for f in tent.flat.flat]
     tent.reset()
-    step = max(float((a - s).abs().max()) for a, s in zip(moved, filtered.flat.saved))
+    step = max(float((a - s).abs().max()) for a, s in zip(moved, filtered.flat.source_values()))
     assert step == pytest.approx(TENT.lr, rel=1e-3)  # Adam's first step: about lr per weight
     # equal up to Adam's epsilon on the tiniest gradients: within 0.1% of the step
     assert all(torch.allclose(a, b, atol=1e-3 * step, rtol=0) for a, b in zip(moved, expected))

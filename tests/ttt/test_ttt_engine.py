@@ -205,6 +205,40 @@ def test_backward_accumulates_into_the_optimizers_gradient_and_no_weight_copy_is
     assert [t.numel() for t in held] == [n] * 4
 
 
+def test_flat_params_bind_each_groups_gradient_and_restore_every_group():
+    """Parameters of two dtypes: two flat buffers; each parameter's .grad is a view of its own group's gradient,
+    a parameter without a gradient keeps zeros, and restore() gives every group its source values back."""
+    from ttt_pipeline.defenses.params import FlatParams
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))
+    c, unused = torch.nn.Parameter(torch.randn(5).bfloat16()), torch.nn.Parameter(torch.randn(2))
+    source = [p.detach().clone() for p in (a, b, c, unused)]
+    flat = FlatParams([a, b, c, unused])
+    assert [f.dtype for f in flat.flat] == [torch.float32, torch.bfloat16]
+    flat.attach()
+    for _ in range(2):  # the second time: the gradients allocated once are zeroed, not re-allocated
+        flat.bind_grads()
+        ((a * 2).sum() + (b ** 2).sum() + (c.float() * 3).sum()).backward()
+    fp32, bf16 = (f.grad for f in flat.flat)
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    assert storage(a.grad) == storage(b.grad) == storage(fp32) and storage(c.grad) == storage(bf16)
+    assert torch.equal(fp32, torch.cat([torch.full((6,), 2.0), 2 * source[1], torch.zeros(2)]))
+    assert torch.equal(bf16, torch.full((5,), 3.0, dtype=torch.bfloat16))
+    flat.unbind_grads()
+    assert all(p.grad is None for p in (a, b, c, unused))
+    with torch.no_grad():
+        for f in flat.flat:
+            f.add_(1)
+    assert not torch.equal(a, source[0]) and not torch.equal(c, source[2])
+    flat.restore()
+    assert all(torch.equal(p, s) for p, s in zip((a, b, c, unused), source))
+    flat.detach()
+    assert all(torch.equal(p, s) for p, s in zip((a, b, c, unused), source))
+
+
 def test_optimizer_reset_equals_fresh_optimizer():
     """Zeroing Adam's moments in place gives bit-for-bit a fresh optimizer's first step."""
     torch.manual_seed(0)

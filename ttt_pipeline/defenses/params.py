@@ -1,8 +1,8 @@
-"""Which parameters test-time adaptation touches, their optimizer, and an in-place snapshot/restore.
+"""Which parameters test-time adaptation touches, their optimizer, and an in-place restore.
 
 Kept apart from the engines so that the masked-TTT and Tent engines share one definition of "restore":
-the adapted tensors are copied back in place from a snapshot taken once (no deepcopy of the model) and the
-optimizer state is zeroed in place (no re-allocation per unit).
+the adapted buffer is refilled in place from the model's own, never-modified tensors (no deepcopy of the model,
+no stored copy of the weights) and the optimizer state is zeroed in place (no re-allocation per unit).
 """
 
 from __future__ import annotations
@@ -153,9 +153,8 @@ class FlatParams:
         sizes = [self.original[i].numel() for i in idx]
         return [v.view_as(self.original[i]) for i, v in zip(idx, buf.split(sizes))]
 
-    @property
-    def saved(self) -> list[torch.Tensor]:
-        """The source values, flat per group (a fresh copy: for diagnostics and tests)."""
+    def source_values(self) -> list[torch.Tensor]:
+        """The source values, flat per group (a fresh copy each call: for diagnostics and tests)."""
         return [torch.cat([self.original[i].reshape(-1) for i in idx]) for idx in self.groups]
 
     def attach(self) -> None:

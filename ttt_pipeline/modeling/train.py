@@ -325,20 +325,33 @@ def training_attention(model, attention):
 
 @contextmanager
 def training_checkpointing(model, on: bool):
-    """transformers' gradient checkpointing of the encoder while training (non-reentrant, with the RNG state
-    kept, so the recomputed forward draws the same dropout), off again afterwards."""
+    """transformers' activation checkpointing of the encoder while training (non-reentrant, the RNG state kept, so
+    the recomputed forward draws the same dropout), then off again, with the embedding-output hook transformers 5
+    adds when enabling (it makes the embeddings' output require grad) removed too: afterwards the model is as
+    before. `activation_checkpointing_*` from transformers 5, `gradient_checkpointing_*` before it."""
     if not on:
         yield
         return
     encoder = model.mlm_model
     if not getattr(encoder, "supports_gradient_checkpointing", False):
         raise ConfigError(f"finetune.activation_checkpointing: the encoder ({type(encoder).__name__}) does not "
-                          "support gradient checkpointing", "set finetune.activation_checkpointing=false")
-    encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                          "support activation checkpointing", "set finetune.activation_checkpointing=false")
+    hooked = bool(getattr(encoder, "_require_grads_hooks", None) or getattr(encoder, "_require_grads_hook", None))
+    kwargs = {"use_reentrant": False}
+    if hasattr(encoder, "activation_checkpointing_enable"):
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     try:
         yield
     finally:
-        encoder.gradient_checkpointing_disable()
+        if hasattr(encoder, "activation_checkpointing_disable"):
+            encoder.activation_checkpointing_disable()
+        else:
+            encoder.gradient_checkpointing_disable()
+        if not hooked and hasattr(encoder, "disable_input_require_grads") and (
+                getattr(encoder, "_require_grads_hooks", None) or getattr(encoder, "_require_grads_hook", None)):
+            encoder.disable_input_require_grads()
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
