@@ -24,8 +24,7 @@ VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "
 # evaluate 4: `spell` reads digits in words as the letters they stand for (its `glyphs` fix, 2026-11-26)
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
-# Fine-tune settings that change how the weights are computed, not what they are (activation checkpointing
-# recomputes the same forward with the same dropout draws: tests/test_train.py): not in the key.
+# activation_checkpointing recomputes the same forward with the same dropout draws (tests/test_train.py).
 DEVICE_ONLY = {"device", "num_workers", "compile", "activation_checkpointing"}
 # Fine-tune settings added later whose null is what ran before they existed: left out of the key when null, so
 # models cached earlier keep their keys.
@@ -62,9 +61,9 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
                                   "matrices; ")
     checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
         "finetune.activation_checkpointing=true keeps only each layer's input (the same weights, a slower step); ")
-    sub = ttt.sub_batch_tokens or 0
-    sub_batches = "" if sub == 1 else (f"ttt.sub_batch_tokens={max(1, min(sub, 2048) // 2) if sub else 2048} adapts "
-                                       "in smaller sub-batches (the same loss and step, up to rounding); ")
+    half = min(ttt.sub_batch_tokens, 2048) // 2 if ttt.sub_batch_tokens else 2048  # null or 0: off
+    sub_batches = f"ttt.sub_batch_tokens={half} adapts in smaller sub-batches (the same loss and step, up to " \
+                  "rounding); " if half else ""
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",

@@ -52,6 +52,7 @@ def rms_update(engine: MaskedTTT, input_ids: torch.Tensor, attention_mask: torch
     engine.model.eval()
     engine.adapt(input_ids, attention_mask)
     with torch.no_grad():
-        moved = torch.cat([(f.data - s).float().reshape(-1) for f, s in zip(engine.flat.flat, engine.flat.source_values())])
+        source = engine.flat.source_values()
+        moved = torch.cat([(f.data - s).float().reshape(-1) for f, s in zip(engine.flat.flat, source)])
     engine.reset()
     return float(moved.pow(2).mean().sqrt())

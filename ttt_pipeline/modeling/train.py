@@ -336,7 +336,7 @@ def training_checkpointing(model, on: bool):
     if not getattr(encoder, "supports_gradient_checkpointing", False):
         raise ConfigError(f"finetune.activation_checkpointing: the encoder ({type(encoder).__name__}) does not "
                           "support activation checkpointing", "set finetune.activation_checkpointing=false")
-    hooked = bool(getattr(encoder, "_require_grads_hooks", None) or getattr(encoder, "_require_grads_hook", None))
+    hooked = _input_grads_hooked(encoder)
     kwargs = {"use_reentrant": False}
     if hasattr(encoder, "activation_checkpointing_enable"):
         encoder.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -349,9 +349,14 @@ def training_checkpointing(model, on: bool):
             encoder.activation_checkpointing_disable()
         else:
             encoder.gradient_checkpointing_disable()
-        if not hooked and hasattr(encoder, "disable_input_require_grads") and (
-                getattr(encoder, "_require_grads_hooks", None) or getattr(encoder, "_require_grads_hook", None)):
+        if not hooked and _input_grads_hooked(encoder):
             encoder.disable_input_require_grads()
+
+
+def _input_grads_hooked(encoder) -> bool:
+    """Whether transformers' `enable_input_require_grads` hook is on the encoder's embeddings (5.x keeps a list,
+    4.x one handle)."""
+    return bool(getattr(encoder, "_require_grads_hooks", None) or getattr(encoder, "_require_grads_hook", None))
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
