@@ -270,9 +270,7 @@ def from_folder(folder: Path, config: dict[str, Any] | None = None, device: str 
     optional vocabulary.json). No remote code and no pickles are loaded."""
     from ttt_pipeline.defenses.vocabulary import FILE, read_vocabulary
     from ttt_pipeline.modeling.model import load_model, pick_device
-    from ttt_pipeline.modeling.oom import cap_primitive_cache
 
-    cap_primitive_cache()  # a served model sees reviews of every length: oneDNN's cache would only grow
     folder = Path(folder)
     if not any((folder / "encoder").glob("*.safetensors")):
         raise PipelineError(f"{folder}: no safetensors weights under encoder/",

@@ -18,7 +18,6 @@ import ctypes
 import functools
 import gc
 import logging
-import os
 import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
@@ -130,28 +129,11 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-# oneDNN's primitive cache, in primitives (its default: 1024); chosen by the rule in docs/results.md (2026-11-28)
-PRIMITIVE_CACHE = 16
-
-
-def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
-    """Keep oneDNN's cache of built primitives small. oneDNN runs torch's bf16 matmuls on a CPU and keeps the
-    last 1024 primitives it built, one per shape, each holding its own buffers; length-grouped batches and dynamic
-    padding make a new shape nearly every step, so the cache only grows: the demo's fine-tuning left 300 MB
-    allocated after every tensor was freed, and each masked-TTT method 100 MB more (measured 2026-11-28). A small
-    cache costs no measurable time: building a primitive is cheap next to the matmul, and its JIT kernels are
-    cached apart. oneDNN reads the capacity when it builds its first primitive, so this must run before a step's
-    first bf16 op; ONEDNN_PRIMITIVE_CACHE_CAPACITY in the environment wins."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
-
-
 @contextmanager
 def memory_errors(stage: str, hint: str) -> Iterator[None]:
     """Out of memory anywhere in a stage becomes `error: out of memory in <stage>` and a hint with the settings
     that lower memory, instead of a traceback; every other error passes through untouched. The stage's freed
-    memory goes back to the system when it ends (`release_freed_memory`), and oneDNN's cache is kept small
-    (`cap_primitive_cache`)."""
-    cap_primitive_cache()
+    memory goes back to the system when it ends (`release_freed_memory`)."""
     try:
         yield
     except (MemoryError, RuntimeError) as exc:
