@@ -143,7 +143,7 @@ class FlatParams:
         self.grad_views: list[torch.Tensor | None] = [None] * len(self.params)
         for idx in self.groups:
             with torch.no_grad():
-                flat = nn.Parameter(torch.cat([self.original[i].reshape(-1) for i in idx]))
+                flat = nn.Parameter(self._originals(idx))
             self.flat.append(flat)
             for i, view in zip(idx, self._split(flat.data, idx)):
                 self.views[i] = view
@@ -153,9 +153,13 @@ class FlatParams:
         sizes = [self.original[i].numel() for i in idx]
         return [v.view_as(self.original[i]) for i, v in zip(idx, buf.split(sizes))]
 
+    def _originals(self, idx: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The group's original values, flat, in one kernel (into `out` when given)."""
+        return torch.cat([self.original[i].reshape(-1) for i in idx], out=out)
+
     def source_values(self) -> list[torch.Tensor]:
         """The source values, flat per group (a fresh copy each call: for diagnostics and tests)."""
-        return [torch.cat([self.original[i].reshape(-1) for i in idx]) for idx in self.groups]
+        return [self._originals(idx) for idx in self.groups]
 
     def attach(self) -> None:
         if not self.attached:
@@ -173,7 +177,7 @@ class FlatParams:
     def restore(self) -> None:
         """Buffer := the original values (one kernel per group)."""
         for idx, flat in zip(self.groups, self.flat):
-            torch.cat([self.original[i].reshape(-1) for i in idx], out=flat.data)
+            self._originals(idx, out=flat.data)
 
     @torch.no_grad()
     def bind_grads(self) -> None:
