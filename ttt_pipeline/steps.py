@@ -62,6 +62,9 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
         "finetune.activation_checkpointing=true keeps only each layer's input (the same weights, a slower step); ")
     half = min(ttt.sub_batch_tokens, 2048) // 2 if ttt.sub_batch_tokens else 2048  # null or 0: off
+    # not a default: the demo's peak 254 MB lower, its fine-tuning 18% slower (docs/results.md, 2026-11-28)
+    heap = "; with glibc, MALLOC_MMAP_THRESHOLD_=4194304 in the environment returns freed activations to the " \
+           "system (slower steps)"
     sub_batches = f"ttt.sub_batch_tokens={half} adapts in smaller sub-batches (the same loss and step, up to " \
                   "rounding); " if half else ""
     return {
@@ -69,11 +72,11 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
         "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
                      f"{attention}{checkpointing}finetune.precision=bf16 halves activations (fast on CUDA and on CPUs "
-                     "with native bf16)",
+                     f"with native bf16){heap}",
         "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",
         "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
                     f"{sub_batches}ttt.params=layernorm adapts and copies far fewer weights than "
-                    f"ttt.params={ttt.params}",
+                    f"ttt.params={ttt.params}{heap}",
         "attribute": f"lower attribution.batch_size (now {cfg.attribution.batch_size}), attribution.proj_dim "
                      f"(now {cfg.attribution.proj_dim}) or attribution.max_train",
     }[stage]
