@@ -62,7 +62,8 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
         "finetune.activation_checkpointing=true keeps only each layer's input (the same weights, a slower step); ")
     half = min(ttt.sub_batch_tokens, 2048) // 2 if ttt.sub_batch_tokens else 2048  # null or 0: off
-    # not a default: the demo's peak 254 MB lower, its fine-tuning 18% slower (docs/results.md, 2026-11-28)
+    # not a default: the demo's peak 254 MB lower, its fine-tuning 18% slower (docs/results.md, 2026-11-28, measured
+    # before ideep's cache was capped)
     heap = "; with glibc, MALLOC_MMAP_THRESHOLD_=4194304 in the environment returns freed activations to the " \
            "system (slower steps)"
     sub_batches = f"ttt.sub_batch_tokens={half} adapts in smaller sub-batches (the same loss and step, up to " \

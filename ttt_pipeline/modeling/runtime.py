@@ -1,26 +1,35 @@
 """Process-wide settings of torch's CPU backends that the library needs before its first tensor operation.
 
-oneDNN runs torch's bf16 matrix maths on a CPU and keeps the last 1024 primitives it built, one per shape, each
-holding its own buffers. Length-grouped batches and dynamic padding make a new shape nearly every step, so that
-cache only grows: the demo's fine-tuning left 300 MB allocated after every tensor was freed, and each masked-TTT
-method 100 MB more (measured 2026-11-28). 16 primitives lowered the demo's peak by 274 MB with the same figures,
-fine-tuning 3% slower and evaluate no slower (the rule and runs: docs/results.md). oneDNN reads the capacity once,
-when it builds its first primitive, so `ttt_pipeline.modeling` sets it when it is imported: before any model of
-this library runs, whichever entry point (CLI, Prefect worker, MLflow pyfunc, benches, a user's script) loads it.
+torch runs bf16 matrix maths on a CPU through oneDNN, and through ideep, its layer over oneDNN. Each keeps a cache
+of what it built, one entry per shape, each entry holding its own buffers: oneDNN the last 1024 primitives
+(`ONEDNN_PRIMITIVE_CACHE_CAPACITY`), ideep the last 1024 computations (`LRU_CACHE_CAPACITY`). Length-grouped
+batches and dynamic padding (and the masked-token count of each MLM step) make a new shape nearly every step, so
+both caches only grow:
+- oneDNN's: the demo's fine-tuning left 300 MB allocated after every tensor was freed, and each masked-TTT method
+  100 MB more; 16 primitives lowered the demo's peak by 274 MB, fine-tuning 3% slower (2026-11-28);
+- ideep's: fine-tuning kept about 10 MB more in use per demo epoch, with no end (24 epochs: 500 -> 683 MB in use,
+  the heap around it 951 -> 2,207 MB); a bf16 block on 300 row counts held 277 MB more, 5 MB with 16 (2026-11-28).
+The rules and runs are in docs/results.md. Both libraries read their capacity when they first build something, so
+`ttt_pipeline.modeling` sets both when it is imported: before any model of this library runs, whichever entry
+point (CLI, Prefect worker, MLflow pyfunc, benches, a user's script) loads it.
 """
 
 from __future__ import annotations
 
 import os
 
-# oneDNN's primitive cache, in primitives (its default: 1024); chosen by the rule in docs/results.md (2026-11-28)
+# entries per cache, oneDNN's and ideep's (both default to 1024); chosen by the rules in docs/results.md (2026-11-28)
 PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+_IDEEP_VAR = "LRU_CACHE_CAPACITY"  # ideep's name (torch's CPU tuning notes: a fix for growth on dynamic shapes)
 
 
 def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
-    """Keep oneDNN's primitive cache to `capacity` unless the environment sets it under either name. Too late
-    once the process has built a oneDNN primitive (a bf16 op ran before this library was imported)."""
+    """Keep oneDNN's primitive cache and ideep's computation cache to `capacity` each, unless the environment
+    sets them (oneDNN's under either name). Too late for a cache once the process has used it (a bf16 op ran
+    before this library was imported)."""
     if not any(os.environ.get(name) for name in _CACHE_VARS):
         os.environ[_CACHE_VARS[0]] = str(capacity)
+    if not os.environ.get(_IDEEP_VAR):
+        os.environ[_IDEEP_VAR] = str(capacity)
