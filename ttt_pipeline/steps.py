@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -65,7 +66,7 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     # not a default: the demo's peak 254 MB lower, its fine-tuning 18% slower (docs/results.md, 2026-11-28, measured
     # before ideep's cache was capped)
     heap = "; with glibc, MALLOC_MMAP_THRESHOLD_=4194304 in the environment returns freed activations to the " \
-           "system (slower steps)"
+           "system (slower steps)" if sys.platform.startswith("linux") else ""
     sub_batches = f"ttt.sub_batch_tokens={half} adapts in smaller sub-batches (the same loss and step, up to " \
                   "rounding); " if half else ""
     return {

@@ -2,7 +2,8 @@
 
 torch runs bf16 matrix maths on a CPU through oneDNN, and through ideep, its layer over oneDNN. Each keeps a cache
 of what it built, one entry per shape, each entry holding its own buffers: oneDNN the last 1024 primitives
-(`ONEDNN_PRIMITIVE_CACHE_CAPACITY`), ideep the last 1024 computations (`LRU_CACHE_CAPACITY`). Length-grouped
+(`ONEDNN_PRIMITIVE_CACHE_CAPACITY`), ideep the last 1024 computations per thread on x86 (`LRU_CACHE_CAPACITY`; 1 on
+Arm, left as it is there). Length-grouped
 batches and dynamic padding (and the masked-token count of each MLM step) make a new shape nearly every step, so
 both caches only grow:
 - oneDNN's: the demo's fine-tuning left 300 MB allocated after every tensor was freed, and each masked-TTT method
@@ -17,6 +18,7 @@ point (CLI, Prefect worker, MLflow pyfunc, benches, a user's script) loads it.
 from __future__ import annotations
 
 import os
+import platform
 
 # entries per cache, oneDNN's and ideep's (both default to 1024); chosen by the rules in docs/results.md (2026-11-28)
 PRIMITIVE_CACHE = 16
@@ -26,10 +28,10 @@ _IDEEP_VAR = "LRU_CACHE_CAPACITY"  # ideep's name (torch's CPU tuning notes: a f
 
 
 def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
-    """Keep oneDNN's primitive cache and ideep's computation cache to `capacity` each, unless the environment
-    sets them (oneDNN's under either name). Too late for a cache once the process has used it (a bf16 op ran
-    before this library was imported)."""
+    """Keep oneDNN's primitive cache and, on x86, ideep's computation caches to `capacity` entries each, unless
+    the environment sets them (oneDNN's under either name). oneDNN reads its value once per process, ideep once per
+    thread, each at its first use: a bf16 op run before this library was imported keeps the default there."""
     if not any(os.environ.get(name) for name in _CACHE_VARS):
         os.environ[_CACHE_VARS[0]] = str(capacity)
-    if not os.environ.get(_IDEEP_VAR):
+    if not os.environ.get(_IDEEP_VAR) and platform.machine().lower() in ("x86_64", "amd64"):
         os.environ[_IDEEP_VAR] = str(capacity)
