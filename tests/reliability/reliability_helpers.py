@@ -97,3 +97,20 @@ def assert_plain_error(run: CliRun, *needles: str) -> None:
     assert "Traceback" not in run.stderr + run.stdout
     for needle in needles:
         assert needle in run.stderr, (needle, run.stderr)
+
+
+def has_mallinfo2() -> bool:
+    """glibc 2.33 or later: its mallinfo2 measures the heap (the heap tests' probes read it)."""
+    import ctypes
+    try:
+        return sys.platform.startswith("linux") and hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+def heap_probe_env(drop: tuple[str, ...] = (), **env: str) -> dict[str, str]:
+    """This environment without `drop`, glibc's MALLOC_*_ variables, GLIBC_TUNABLES and LD_PRELOAD (each can fix
+    glibc's thresholds or bypass its heap), then `env`: a heap probe's child sees glibc's defaults."""
+    clean = {k: v for k, v in os.environ.items() if k not in drop + ("GLIBC_TUNABLES", "LD_PRELOAD")
+             and not (k.startswith("MALLOC_") and k.endswith("_"))}
+    return {**clean, **env}

@@ -4,13 +4,12 @@ user's choice, not a default. These tests check the hint and that the variable d
 
 from __future__ import annotations
 
-import ctypes
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from reliability_helpers import has_mallinfo2, heap_probe_env
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import load_config
@@ -42,23 +41,13 @@ PROBE = textwrap.dedent("""
 
 
 def _mapped_blocks(**env: str) -> int:
-    # glibc's other MALLOC_*_ variables also fix the threshold, and a preloaded allocator bypasses glibc's
-    clean = {k: v for k, v in os.environ.items()
-             if not (k.startswith("MALLOC_") and k.endswith("_")) and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", PROBE], env=heap_probe_env(**env), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return int(out.stdout.split()[-1])
 
 
-def _glibc() -> bool:
-    try:
-        return sys.platform.startswith("linux") and hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc (2.33 or later, for mallinfo2) has this threshold")
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc (2.33 or later, for mallinfo2) has this threshold")
 def test_the_named_threshold_maps_large_tensors_on_their_own():
     name, value = THRESHOLD.split("=")
     assert _mapped_blocks() == 0

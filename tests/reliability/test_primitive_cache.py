@@ -5,14 +5,12 @@ masked-TTT method 100 MB more, and longer fine-tuning kept 10 MB more per epoch,
 
 from __future__ import annotations
 
-import ctypes
-import os
-import platform
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from reliability_helpers import has_mallinfo2, heap_probe_env
 
 from ttt_pipeline.modeling import precision, runtime
 
@@ -21,16 +19,14 @@ VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY", "LRU
 
 def _child(code: str, **env: str) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter whose environment sets no cache variable, then `env`."""
-    clean = {k: v for k, v in os.environ.items() if k not in VARS + ("LD_PRELOAD",)}  # mallinfo2 reads glibc's heap
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], env=heap_probe_env(VARS, **env), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out
 
 
 CAP = str(runtime.PRIMITIVE_CACHE)
-X86 = platform.machine().lower() in ("x86_64", "amd64")
-IDEEP = CAP if X86 else None  # ideep's default elsewhere (Arm: 1) is left alone
+IDEEP = CAP if runtime.IDEEP_CAPPED else None  # ideep's default elsewhere (Arm: 1) is left alone
 
 
 @pytest.mark.parametrize(("env", "seen"), [
@@ -72,15 +68,8 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _has_mallinfo2() -> bool:
-    try:
-        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")  # glibc 2.33 or later
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc's mallinfo2 (glibc >= 2.33) measures the heap")
-@pytest.mark.skipif(not X86, reason="ideep's cache is capped on x86 only (its default elsewhere: 1)")
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc's mallinfo2 (glibc >= 2.33) measures the heap")
+@pytest.mark.skipif(not runtime.IDEEP_CAPPED, reason="ideep's cache is capped on x86 only (its default elsewhere: 1)")
 @pytest.mark.skipif(not precision._probe()[0], reason="bf16 is emulated on this CPU: slow, and auto trains in fp32 there")
 def test_the_cap_frees_what_a_bf16_layer_leaves_on_many_lengths():
     kept = {mode: int(_child(PROBE.replace("sys.argv[1]", repr(mode))).stdout.split()[-1]) / 2**20

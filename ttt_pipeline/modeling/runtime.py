@@ -25,6 +25,7 @@ PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 _IDEEP_VAR = "LRU_CACHE_CAPACITY"  # ideep's name (torch's CPU tuning notes: a fix for growth on dynamic shapes)
+IDEEP_CAPPED = platform.machine().lower() in ("x86_64", "amd64")  # ideep's default is 1024 on x86, 1 on Arm
 
 
 def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
@@ -33,5 +34,5 @@ def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
     thread, each at its first use: a bf16 op run before this library was imported keeps the default there."""
     if not any(os.environ.get(name) for name in _CACHE_VARS):
         os.environ[_CACHE_VARS[0]] = str(capacity)
-    if not os.environ.get(_IDEEP_VAR) and platform.machine().lower() in ("x86_64", "amd64"):
+    if IDEEP_CAPPED and not os.environ.get(_IDEEP_VAR):
         os.environ[_IDEEP_VAR] = str(capacity)
