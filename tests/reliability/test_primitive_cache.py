@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from reliability_helpers import has_mallinfo2, heap_probe_env
 
+from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.modeling import precision, runtime
 
 VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
@@ -76,3 +77,29 @@ def test_the_cap_frees_what_a_bf16_layer_leaves_on_many_lengths():
             for mode in ("default", "cap")}
     # measured (AVX512 EPYC): about 106 MB with the defaults, 55 MB with oneDNN's cap alone, 9 MB with both caps
     assert kept["default"] - kept["cap"] > 60 and kept["cap"] < 0.25 * kept["default"], kept
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-3", " "])
+def test_a_value_ideep_would_crash_on_is_refused_with_the_fix(monkeypatch, value):
+    # measured: LRU_CACHE_CAPACITY=0 ended the demo with a segmentation fault 42 s in, at fine-tuning's first step
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", value)
+    with pytest.raises(ConfigError) as err:
+        runtime.cap_primitive_cache()
+    assert "LRU_CACHE_CAPACITY" in err.value.message and f"LRU_CACHE_CAPACITY={CAP}" in err.value.hint
+
+
+@pytest.mark.parametrize("value", ["1", "512", " 64"])
+def test_a_whole_number_is_left_as_the_user_set_it(monkeypatch, value):
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", value)
+    runtime.cap_primitive_cache()
+    assert runtime.os.environ["LRU_CACHE_CAPACITY"] == value
+
+
+def test_the_cli_says_error_and_hint_before_any_step(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ttt_pipeline", "run", "--config", "demo"], cwd=tmp_path,
+                         env=heap_probe_env(VARS, LRU_CACHE_CAPACITY="0", PREFECT_HOME=str(tmp_path / "prefect")),
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert lines[0].startswith("error: LRU_CACHE_CAPACITY='0'") and lines[1].startswith("hint: unset")
+    assert not (tmp_path / ".cache").exists()  # refused before the first step

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import platform
 
+from ttt_pipeline.errors import ConfigError
+
 # entries per cache, oneDNN's and ideep's (both default to 1024); chosen by the rules in docs/results.md (2026-11-28)
 PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
@@ -34,5 +36,17 @@ def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
     thread, each at its first use: a bf16 op run before this library was imported keeps the default there."""
     if not any(os.environ.get(name) for name in _CACHE_VARS):
         os.environ[_CACHE_VARS[0]] = str(capacity)
+    _check_ideep_capacity(os.environ.get(_IDEEP_VAR))
     if IDEEP_CAPPED and not os.environ.get(_IDEEP_VAR):
         os.environ[_IDEEP_VAR] = str(capacity)
+
+
+def _check_ideep_capacity(value: str | None) -> None:
+    """A user's LRU_CACHE_CAPACITY must be a whole number >= 1: ideep reads it with atoi, and 0 or text (atoi: 0) end
+    the process with a segmentation fault at its first bf16 operation, no message (torch 2.13, AVX512 x86, measured
+    2026-11-28: `LRU_CACHE_CAPACITY=0` and `=abc` exit 139 on one bf16 linear layer)."""
+    if value and not (value.strip().isdigit() and int(value) >= 1):
+        raise ConfigError(f"LRU_CACHE_CAPACITY={value!r} in the environment: ideep (torch's bf16 layer over oneDNN) "
+                          "crashes the process on its first bf16 operation with a value that is not a whole number "
+                          ">= 1", f"unset LRU_CACHE_CAPACITY (this library keeps {PRIMITIVE_CACHE} entries) or set a "
+                          f"whole number >= 1, e.g. LRU_CACHE_CAPACITY={PRIMITIVE_CACHE}")
