@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 
 from ttt_pipeline.errors import ConfigError
 
@@ -26,6 +27,7 @@ from ttt_pipeline.errors import ConfigError
 PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+_WHOLE = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit also takes "²", which int() refuses
 _IDEEP_VAR = "LRU_CACHE_CAPACITY"  # ideep's name (torch's CPU tuning notes: a fix for growth on dynamic shapes)
 IDEEP_CAPPED = platform.machine().lower() in ("x86_64", "amd64")  # ideep's default is 1024 on x86, 1 on Arm
 
@@ -44,9 +46,10 @@ def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
 def _check_ideep_capacity(value: str | None) -> None:
     """A user's LRU_CACHE_CAPACITY must be a whole number >= 1: ideep reads it with atoi, and 0 or text (atoi: 0) end
     the process with a segmentation fault at its first bf16 operation, no message (torch 2.13, AVX512 x86, measured
-    2026-11-28: `LRU_CACHE_CAPACITY=0` and `=abc` exit 139 on one bf16 linear layer)."""
-    if value and not (value.strip().isdigit() and int(value) >= 1):
+    2026-11-28: `LRU_CACHE_CAPACITY=0` and `=abc` exit 139 on one bf16 linear layer). A negative number did not crash
+    there, and is refused too: it is no capacity."""
+    if value and not (_WHOLE.fullmatch(value.strip()) and int(value) >= 1):
         raise ConfigError(f"LRU_CACHE_CAPACITY={value!r} in the environment: ideep (torch's bf16 layer over oneDNN) "
-                          "crashes the process on its first bf16 operation with a value that is not a whole number "
-                          ">= 1", f"unset LRU_CACHE_CAPACITY (this library keeps {PRIMITIVE_CACHE} entries) or set a "
-                          f"whole number >= 1, e.g. LRU_CACHE_CAPACITY={PRIMITIVE_CACHE}")
+                          "needs a whole number >= 1 (with 0 or text it crashes the process at its first bf16 "
+                          "operation)", f"unset LRU_CACHE_CAPACITY (this library keeps {PRIMITIVE_CACHE} entries) or "
+                          f"set a whole number >= 1, e.g. LRU_CACHE_CAPACITY={PRIMITIVE_CACHE}")
