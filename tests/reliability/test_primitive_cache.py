@@ -11,7 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from reliability_helpers import has_mallinfo2, heap_probe_env
+from reliability_helpers import assert_plain_error, has_mallinfo2, heap_probe_env, run_cli
+from tiny_config import tiny_config
 
 from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.modeling import precision, runtime
@@ -96,11 +97,9 @@ def test_a_whole_number_is_left_as_the_user_set_it(monkeypatch, value):
     assert os.environ["LRU_CACHE_CAPACITY"] == value
 
 
-def test_the_cli_says_error_and_hint_before_any_step(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ttt_pipeline", "run", "--config", "demo"], cwd=tmp_path,
-                         env=heap_probe_env(VARS, LRU_CACHE_CAPACITY="0", PREFECT_HOME=str(tmp_path / "prefect")),
-                         capture_output=True, text=True, timeout=120)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert lines[0].startswith("error: LRU_CACHE_CAPACITY='0'") and lines[1].startswith("hint: unset")
-    assert not (tmp_path / ".cache").exists()  # refused before the first step
+def test_the_cli_says_error_and_hint_before_any_step(tmp_path, tiny_bert_dir, monkeypatch):
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "0")  # the CLI's environment is this one (cli_env)
+    run = run_cli(tmp_path, tiny_config(tmp_path, tiny_bert_dir, suite="reliability"), timeout=120)
+    assert_plain_error(run, "error: LRU_CACHE_CAPACITY='0'", "hint: unset")
+    assert not (tmp_path / ".cache").exists() and not (tmp_path / "store").exists()  # refused before the first step
+    assert not run.probe["prefect"] and not run.probe["torch_trained"], run.probe

@@ -27,9 +27,9 @@ from ttt_pipeline.errors import ConfigError
 PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
-_WHOLE = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit also takes "²", which int() refuses
 _IDEEP_VAR = "LRU_CACHE_CAPACITY"  # ideep's name (torch's CPU tuning notes: a fix for growth on dynamic shapes)
 IDEEP_CAPPED = platform.machine().lower() in ("x86_64", "amd64")  # ideep's default is 1024 on x86, 1 on Arm
+_WHOLE = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit also takes "²", which int() refuses
 
 
 def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
