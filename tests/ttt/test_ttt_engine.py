@@ -13,7 +13,7 @@ from ttt_pipeline.config import TTTConfig
 from ttt_pipeline.defenses import tent as tent_defense
 from ttt_pipeline.defenses.base import CollapseGuard, EngineSettings, RowHashMasker
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
-from ttt_pipeline.defenses.params import encoder_layers, make_optimizer, reset_optimizer_state, select_parameters
+from ttt_pipeline.defenses.params import drop_optimizer_state, encoder_layers, make_optimizer, select_parameters
 from ttt_pipeline.defenses.registry import build_engine
 from ttt_pipeline.defenses.tent import TentEngine
 from ttt_pipeline.modeling.model import special_token_ids
@@ -170,8 +170,9 @@ def test_model_mode_and_requires_grad_restored(tiny_clf):
 
 def test_backward_accumulates_into_the_optimizers_gradient_and_no_weight_copy_is_kept(tiny_clf):
     """FlatParams: each adapted parameter's .grad is a view of its group's flat gradient while adapting, so the
-    flat gradient is autograd's own (the same numbers a gather gave) and the engine holds the adapted weights four
-    times only (buffer, gradient, Adam's two moments; the source values are the model's own tensors)."""
+    flat gradient is autograd's own (the same numbers a gather gave) and the engine holds the adapted weights twice
+    (buffer, gradient; the source values are the model's own tensors): Adam's two moments only while a unit takes
+    several steps."""
     model, tok = tiny_clf
     eng = engine(tiny_clf, steps=1, sub_batch_tokens=64)  # several sub-batches: the gradient accumulates
     ids, am = batch(tok, TEXTS[:6])
@@ -200,9 +201,19 @@ def test_backward_accumulates_into_the_optimizers_gradient_and_no_weight_copy_is
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     n = sum(p.numel() for p in eng.params)
     kept = [t for v in vars(eng.flat).values() for t in (v if isinstance(v, list) else [v]) if torch.is_tensor(t)]
-    held = [t for t in kept if t.numel() == n] + [eng.flat.flat[0].grad] + [
-        v for st in eng.opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
-    assert [t.numel() for t in held] == [n] * 4
+    def moments():
+        return [v for st in eng.opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+
+    held = [t for t in kept if t.numel() == n] + [eng.flat.flat[0].grad]
+    assert [t.numel() for t in held] == [n] * 2 and moments() == []  # between units: no moments held
+    eng.adapt(ids, am)
+    assert moments() == []  # one step per unit: taken slice by slice, each slice's moments freed at once
+    eng.reset()
+    two = engine(tiny_clf, steps=2)
+    two.adapt(ids, am)
+    assert [t.numel() for t in two.opt.state[two.flat.flat[0]].values() if t.numel() > 1] == [n] * 2
+    two.reset()
+    assert not two.opt.state
 
 
 def test_flat_params_bind_each_groups_gradient_and_restore_every_group():
@@ -239,23 +250,49 @@ def test_flat_params_bind_each_groups_gradient_and_restore_every_group():
     assert all(torch.equal(p, s) for p, s in zip((a, b, c, unused), source))
 
 
-def test_optimizer_reset_equals_fresh_optimizer():
-    """Zeroing Adam's moments in place gives bit-for-bit a fresh optimizer's first step."""
+@pytest.mark.parametrize("name, momentum", [("adam", 0.0), ("adamw", 0.0), ("sgd", 0.9), ("sgd", 0.0)])
+def test_a_step_in_slices_equals_the_whole_step_bit_for_bit(name, momentum):
+    """fresh_step_in_slices: slices that do not divide the buffer, two dtype groups and a parameter without a
+    gradient give the whole fresh step's values exactly, and no state is left; a held state is refused."""
+    from ttt_pipeline.defenses.params import fresh_step_in_slices
+
     torch.manual_seed(0)
-    for name in ("adam", "adamw"):
+    source = [torch.randn(1000), torch.randn(77).bfloat16(), torch.randn(5)]
+    grads = [torch.randn(1000) * 1e-3, torch.randn(77).bfloat16(), None]
+    whole, sliced = ([torch.nn.Parameter(s.clone()) for s in source] for _ in range(2))
+    for ps in (whole, sliced):
+        for p, g in zip(ps, grads):
+            p.grad = None if g is None else g.clone()
+    make_optimizer(whole, name, 1e-2, momentum).step()
+    opt = make_optimizer(sliced, name, 1e-2, momentum)
+    fresh_step_in_slices(opt, numel=64)
+    assert all(torch.equal(a, b) for a, b in zip(whole, sliced)) and not opt.state
+    assert not torch.equal(sliced[0], source[0]) and torch.equal(sliced[2], source[2])
+    assert opt.param_groups[0]["params"] == sliced
+    if momentum or name != "sgd":
+        opt.step()
+        with pytest.raises(ValueError, match="holds state"):
+            fresh_step_in_slices(opt)
+
+
+def test_dropped_optimizer_state_equals_fresh_optimizer():
+    """Dropping the optimizer's state gives bit-for-bit a fresh optimizer's first step, and holds no moments."""
+    torch.manual_seed(0)
+    for name, momentum in (("adam", 0.0), ("adamw", 0.0), ("sgd", 0.9)):
         p = torch.nn.Parameter(torch.randn(50))
         q = torch.nn.Parameter(p.detach().clone())
-        opt = make_optimizer([p], name, 1e-2)
+        opt = make_optimizer([p], name, 1e-2, momentum)
         for _ in range(3):
             p.grad = torch.randn(50)
             opt.step()
-        reset_optimizer_state(opt)
+        drop_optimizer_state(opt)
+        assert not opt.state
         with torch.no_grad():
             p.copy_(q)
         g = torch.randn(50)
         p.grad, q.grad = g.clone(), g.clone()
         opt.step()
-        make_optimizer([q], name, 1e-2).step()
+        make_optimizer([q], name, 1e-2, momentum).step()
         assert torch.equal(p, q)
 
 

@@ -2,11 +2,11 @@
 
 `EpisodicEngine` adapts chosen parameters on a self-supervised loss of each test unit, predicts, restores:
 
-- episodic by default: while adapting, the chosen parameters are views into one flat buffer (so an
-  optimizer step, a restore and an optimizer reset are one kernel each, see `FlatParams`); after every
-  unit (batch or sample) the buffer is refilled from the model's own, never-modified tensors and the
-  optimizer moments are zeroed in place, and `predict` hands the model back on its own storage; no deepcopy
-  of model or inputs;
+- episodic by default: while adapting, the chosen parameters are views into one flat buffer (so a restore
+  is one kernel and an optimizer step a few, see `FlatParams`); after every unit (batch or sample) the
+  buffer is refilled from the model's own, never-modified tensors and the optimizer's state is freed; with
+  one step per unit that step is taken slice by slice, each slice's moments freed at once
+  (`fresh_step_in_slices`); `predict` hands the model back on its own storage; no deepcopy of model or inputs;
 - trailing padding columns are dropped, per-sample units run without padding, and optionally a unit runs
   in length-sorted sub-batches with accumulated gradients (`sub_batch_tokens`, same loss and step);
 - no-grad work runs under `torch.inference_mode`; `precision` auto autocasts to bf16 on CUDA and on CPUs
@@ -42,7 +42,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from ttt_pipeline.defenses.params import OPTIMIZERS, PARAM_SELECTIONS, FlatParams, make_optimizer, reset_optimizer_state
+from ttt_pipeline.defenses.params import (
+    OPTIMIZERS,
+    PARAM_SELECTIONS,
+    FlatParams,
+    drop_optimizer_state,
+    fresh_step_in_slices,
+    make_optimizer,
+)
 from ttt_pipeline.defenses.settings import DefenseSettings
 from ttt_pipeline.modeling.model import autocast_dtype, eligible_positions
 
@@ -254,9 +261,9 @@ class EpisodicEngine:
             del self.model.__dict__["_ttt_attached_engine"]
 
     def _restart(self) -> None:
-        """Source values into the buffer, optimizer moments zeroed (in place), guard restarted."""
+        """Source values into the buffer, optimizer state dropped (see drop_optimizer_state), guard restarted."""
         self.flat.restore()
-        reset_optimizer_state(self.opt)
+        drop_optimizer_state(self.opt)
         if self.guard is not None:
             self.guard.restart()
 
@@ -350,7 +357,10 @@ class EpisodicEngine:
                     any_part = True
                 if not any_part:  # a loss that ran backward reached an adapted parameter (only they need grads)
                     continue
-                self.opt.step()
+                if self.steps == 1 and not self.s.online:  # the state lives for this step only
+                    fresh_step_in_slices(self.opt)
+                else:
+                    self.opt.step()
                 self.stats["steps"] += 1
                 if first is None:
                     first = total

@@ -10,7 +10,7 @@ root-mean-square 3.2e-5, against 2.9e-5 for the tutorial's Adam step (`rms_updat
 reviews under the tutorial corruption); momentum then lets the next steps move further.
 
 Each step draws fresh masks (steps x views masks per unit); the optimizer's momentum starts from zero for every
-unit (episodic), as `reset_optimizer_state` clears SGD's momentum buffer. Everything else comes from `ttt.*`
+unit (episodic), as `drop_optimizer_state` frees SGD's momentum buffer. Everything else comes from `ttt.*`
 (mask_prob, lr, params, views, unit, seed, precision).
 """
 

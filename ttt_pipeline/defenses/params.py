@@ -2,7 +2,7 @@
 
 Kept apart from the engines so that the masked-TTT and Tent engines share one definition of "restore":
 the adapted buffer is refilled in place from the model's own, never-modified tensors (no deepcopy of the model,
-no stored copy of the weights) and the optimizer state is zeroed in place (no re-allocation per unit).
+no stored copy of the weights) and the optimizer state is dropped, to be allocated again by the next step.
 """
 
 from __future__ import annotations
@@ -100,25 +100,50 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0) -> torch
     return cls(params, lr=lr, **kw)
 
 
-@torch.no_grad()
-def reset_optimizer_state(opt: torch.optim.Optimizer) -> None:
-    """Zero Adam/AdamW moments and step counters in place: the next step equals a fresh optimizer's first
-    step, without re-allocating the moment buffers for every unit. Unknown state is cleared."""
-    for state in opt.state.values():
-        for key, val in list(state.items()):
-            if isinstance(val, torch.Tensor) and key in ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                val.zero_()
-            else:
-                state.clear()
-                break
+def drop_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Free the optimizer's state (Adam's moments and step counters, SGD's momentum): its next step is then a
+    fresh optimizer's first step, bit for bit. Why freed rather than zeroed in place: an episodic engine's next
+    unit would otherwise carry two weight-sized moment buffers (182 MB for MiniLM-L6 with params=all) through
+    its forward and backward pass, which is where evaluate's memory peaks; the step allocates them again after
+    the backward has freed its activations."""
+    opt.state.clear()
+
+
+SLICE_NUMEL = 1 << 20  # 4 MB of fp32 per slice: Adam's moments for one slice are 8 MB, reused from the heap
+
+
+def fresh_step_in_slices(opt: torch.optim.Optimizer, numel: int = SLICE_NUMEL) -> None:
+    """A fresh optimizer's first step, taken a slice of each parameter at a time, the state dropped after each.
+
+    Why: with one step per episode the optimizer's state lives for that step only. Taken whole, Adam allocates
+    two weight-sized moments at once (174 MB for MiniLM-L6 with params=all), and that step was evaluate's memory
+    peak. The update is elementwise, so the slices give the whole step's numbers bit for bit (tests); torch.optim
+    has no such option, hence the one param group pointed at each slice in turn."""
+    if opt.state:
+        raise ValueError("fresh_step_in_slices: the optimizer holds state; a sliced step must be a first step")
+    (group,) = opt.param_groups
+    params = group["params"]
+    try:
+        for p in params:
+            if p.grad is None:
+                continue
+            values, grad = p.data.view(-1), p.grad.view(-1)
+            for start in range(0, values.numel(), numel):
+                piece = nn.Parameter(values[start:start + numel])  # shares the buffer's storage
+                piece.grad = grad[start:start + numel]
+                group["params"] = [piece]
+                opt.step()
+                opt.state.clear()
+    finally:
+        group["params"] = params
 
 
 class FlatParams:
     """The adapted parameters as views into one contiguous buffer per (device, dtype), while attached.
 
-    Why: a step then touches ONE tensor instead of ~150 (fused Adam, restore, optimizer reset are one
-    kernel each). On a busy CPU every kernel is a parallel region whose threads may have to wait to be
-    scheduled, so the number of kernels, not the bytes, is what costs there.
+    Why: a step then touches ONE tensor instead of ~150 (fused Adam and restore are one kernel each; a sliced
+    first step one per 4 MB slice). On a busy CPU every kernel is a parallel region whose threads may have to
+    wait to be scheduled, so the number of kernels, not the bytes, is what costs there.
 
     attach() points each parameter's storage at its slice of the buffer (a metadata swap, no copy) and
     detach() points it back at its own, untouched tensor: in episodic use the model leaves `predict` with its
