@@ -102,10 +102,9 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0) -> torch
 
 def drop_optimizer_state(opt: torch.optim.Optimizer) -> None:
     """Free the optimizer's state (Adam's moments and step counters, SGD's momentum): its next step is then a
-    fresh optimizer's first step, bit for bit. Why freed rather than zeroed in place: an episodic engine's next
-    unit would otherwise carry two weight-sized moment buffers (182 MB for MiniLM-L6 with params=all) through
-    its forward and backward pass, which is where evaluate's memory peaks; the step allocates them again after
-    the backward has freed its activations."""
+    fresh optimizer's first step, bit for bit. Why freed rather than zeroed in place: with several steps per unit
+    the next unit would otherwise carry two weight-sized moment buffers (about 180 MB for MiniLM-L6 with
+    params=all) through its first forward and backward pass, where the activations peak."""
     opt.state.clear()
 
 
@@ -116,7 +115,7 @@ def fresh_step_in_slices(opt: torch.optim.Optimizer, numel: int = SLICE_NUMEL) -
     """A fresh optimizer's first step, taken a slice of each parameter at a time, the state dropped after each.
 
     Why: with one step per episode the optimizer's state lives for that step only. Taken whole, Adam allocates
-    two weight-sized moments at once (174 MB for MiniLM-L6 with params=all), and that step was evaluate's memory
+    two weight-sized moments at once (about 180 MB for MiniLM-L6 with params=all), and that step was evaluate's memory
     peak. The update is elementwise, so the slices give the whole step's numbers bit for bit (tests); torch.optim
     has no such option, hence the one param group pointed at each slice in turn."""
     if opt.state:
