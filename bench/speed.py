@@ -20,6 +20,13 @@ Each figure is a ratio to a reference measured in this run, on the same reviews:
 - `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs).
 - `precision_check`: a 384x1536 linear layer's forward and backward under bf16 autocast over fp32 (`bf16_over_fp32`)
   and whether `precision: auto` picked the faster one on this CPU (`auto_picks_faster`).
+- `roofline`: how close each recipe's training runs to this machine's arithmetic. `gflop_per_sample`: the matmul
+  FLOPs of one training sample's forward and backward (torch's FlopCounterMode on one batch: the tutorial's at 128
+  tokens; the recipe's at the mean padded width of its length-grouped batches over the run's epochs, reviews at
+  least that long); `gemm_gflops`: a sustained matrix product at MiniLM's FFN shape (4096x384 by 384x1536) in each
+  recipe's precision; `of_gemm`: samples/s x GFLOP/sample over that rate. `finetune_speedup_ceiling`: the
+  recipe's samples/s at the GEMM rate over the tutorial's measured samples/s, the most `finetune_speedup` can
+  reach on this machine without less arithmetic per sample (fewer tokens or fewer trained layers).
 The encoder of both recipes is bench/common.py's MODEL: MiniLM-L6 (the presets' model.name), or the one the
 environment variable TTT_BENCH_MODEL names (`--set model.name=...` changes the recipe's alone); the JSON's "model".
 Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each recipe trains once.
@@ -173,6 +180,8 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
     tut_rss = rss_peak_mb()
     test_t, test_y = data["test"]
     tut_right = np.array(tutorial_predict(tut, collate, test_t)) == np.array(test_y)
+    ids, am, y = collate(list(zip(*(part[:32] for part in data["train"]))))
+    tut_gflop = train_gflop_per_sample(tut, lambda m=tut: m(ids, am, y)[1], len(y))
     del tut
     rss_reset()
     model, tok, ours_rate, cfg = train_ours(data, args)
@@ -186,7 +195,74 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
                "clean_delta": {k: getattr(delta, k) for k in ("delta", "ci_low", "ci_high", "n")},
                "precision": resolve_precision(args.device, cfg.finetune.precision).name,
                "rss": {"finetune_tutorial": tut_rss, "finetune": ours_rss}}
+    figures["roofline"] = roofline(tut_gflop, recipe_gflop_per_sample(model, tok, cfg, data, args),
+                                   figures, args)
+    figures["finetune_speedup_ceiling"] = figures["roofline"].pop("speedup_ceiling")
     return figures, (model, tok, cfg)
+
+
+def train_gflop_per_sample(model, loss_fn, n: int) -> float:
+    """Matmul GFLOP of one sample's forward and backward: torch's FlopCounterMode over `loss_fn()` and its
+    backward on a batch of `n`; the gradients are dropped after."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss_fn().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / n / 1e9
+
+
+def recipe_gflop_per_sample(model, tok, cfg, data: dict, args) -> dict:
+    """The recipe's training loss (the library's TrainingLoss) on one batch at the mean padded width of the
+    batches its length-grouped sampler draws over the run's epochs. FLOPs grow with the width plus a small
+    squared term (attention: about 3% at 128 tokens), so the mean width gives the mean cost within a few percent."""
+    from ttt_pipeline.modeling.train import TrainingLoss, WeightedLengthGroupedBatches, class_weights, joint_training
+
+    ft, (texts, labels) = cfg.finetune, data["train"]
+    lengths = [len(i) for i in tok(texts, truncation=True, max_length=cfg.model.max_length)["input_ids"]]
+    weights = class_weights(labels, data["classes"])[torch.tensor(labels)] if ft.weighted_sampler else None
+    sampler = WeightedLengthGroupedBatches(weights, lengths, ft.batch_size, args.seed, ft.length_grouping,
+                                           ft.length_group_batches)
+    padded, rows = 0, 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            padded, rows = padded + len(batch) * max(lengths[i] for i in batch), rows + len(batch)
+    width = round(padded / rows)
+    pick = [i for i, n in enumerate(lengths) if n >= width][:ft.batch_size]
+    enc = tok([texts[i] for i in pick], truncation=True, max_length=width, padding="max_length",
+              return_tensors="pt")
+    y = torch.tensor([labels[i] for i in pick])
+    loss = TrainingLoss(model, tok, ft, joint_training(ft), None, torch.Generator().manual_seed(0), None)
+    model.train()
+    gflop = train_gflop_per_sample(model, lambda: loss(enc["input_ids"], enc["attention_mask"], y)[0], len(y))
+    model.eval()
+    return {"gflop_per_sample": round(gflop, 3), "width": width}
+
+
+def gemm_gflops(dtype: torch.dtype, device: str, repeats: int = 10) -> float:
+    """A sustained 4096x384 by 384x1536 product (MiniLM's FFN on 4096 tokens), median of `repeats`."""
+    a, b = (torch.randn(*shape, dtype=dtype, device=device) for shape in ((4096, 384), (384, 1536)))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    timed(lambda: (a @ b, sync()), 3)
+    times, _ = timed(lambda: (a @ b, sync()), repeats)
+    return 2 * 4096 * 384 * 1536 / statistics.median(times) / 1e9
+
+
+def roofline(tut_gflop: float, recipe: dict, figures: dict, args) -> dict:
+    """Each recipe's achieved GFLOP/s against the GEMM rate in its precision, and the speedup ceiling."""
+    rates = figures["train_samples_per_s"]
+    dtypes = {"tutorial": torch.float32, "recipe": torch.bfloat16 if figures["precision"] == "bf16" else torch.float32}
+    gemm = {str(d).removeprefix("torch."): round(gemm_gflops(d, args.device), 1) for d in set(dtypes.values())}
+    out: dict = {"gemm_gflops": gemm}
+    for name, gflop in (("tutorial", tut_gflop), ("recipe", recipe["gflop_per_sample"])):
+        peak = gemm[str(dtypes[name]).removeprefix("torch.")]
+        out[name] = {"gflop_per_sample": round(gflop, 3), "gflops": round(rates[name] * gflop, 1),
+                     "of_gemm": round(rates[name] * gflop / peak, 3)}
+    out["recipe"]["width"] = recipe["width"]
+    out["speedup_ceiling"] = round(gemm[str(dtypes["recipe"]).removeprefix("torch.")]
+                                   / recipe["gflop_per_sample"] / rates["tutorial"], 2)
+    return out
 
 
 def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.ndarray:

@@ -44,3 +44,13 @@ def defenses_bench():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def speed_bench():
+    """bench/speed.py as a module: its roofline arithmetic."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "speed.py"
+    spec = importlib.util.spec_from_file_location("speed_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -49,3 +49,32 @@ def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tin
         assert check["auto_picks"] == "fp32" and check["bf16_over_fp32"]["median"] > 2 and check["auto_picks_faster"]
     assert machine["cpu_capability"] and machine["threads"] >= 1 and isinstance(machine["native_bf16"], bool)
     assert out["precision"] == ("bf16" if machine["native_bf16"] else "fp32")
+    roof = out["roofline"]
+    assert 8 <= roof["recipe"]["width"] <= 128  # the demo preset's model.max_length
+    for name in ("tutorial", "recipe"):
+        assert roof[name]["gflop_per_sample"] > 0
+        assert roof[name]["gflops"] == pytest.approx(rates[name] * roof[name]["gflop_per_sample"], rel=0.02)
+    gemm = roof["gemm_gflops"]["bfloat16" if out["precision"] == "bf16" else "float32"]
+    assert out["finetune_speedup_ceiling"] == pytest.approx(
+        gemm / roof["recipe"]["gflop_per_sample"] / rates["tutorial"], rel=0.02)
+
+
+def test_flop_count_of_a_linear_layer_is_its_three_products(speed_bench):
+    """Forward, input gradient and weight gradient: 3 x 2 x in x out FLOPs per row (the bias adds none)."""
+    import torch
+
+    layer, x = torch.nn.Linear(384, 1536), torch.randn(8, 384, requires_grad=True)
+    assert speed_bench.train_gflop_per_sample(layer, lambda: layer(x).sum(), 8) == pytest.approx(
+        3 * 2 * 384 * 1536 / 1e9)
+    assert layer.weight.grad is None  # dropped after counting
+
+
+def test_roofline_ceiling_is_the_recipe_at_the_gemm_rate_over_the_tutorial(speed_bench, monkeypatch):
+    monkeypatch.setattr(speed_bench, "gemm_gflops", lambda dtype, device: 160.0 if dtype.is_floating_point else 0)
+    figures = {"train_samples_per_s": {"tutorial": 12.0, "recipe": 22.0}, "precision": "fp32"}
+    out = speed_bench.roofline(11.6, {"gflop_per_sample": 7.1, "width": 96},
+                               figures, type("A", (), {"device": "cpu"})())
+    assert out["gemm_gflops"] == {"float32": 160.0}
+    assert out["tutorial"] == {"gflop_per_sample": 11.6, "gflops": 139.2, "of_gemm": 0.87}
+    assert out["recipe"] == {"gflop_per_sample": 7.1, "gflops": 156.2, "of_gemm": 0.976, "width": 96}
+    assert out["speedup_ceiling"] == pytest.approx(160 / 7.1 / 12.0, abs=0.01)  # 1.88: 4x needs less arithmetic

@@ -35,8 +35,9 @@ def model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 def _pip(venv: Path, *args: str, timeout: float = 900) -> None:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    # --no-compile: no bytecode written ahead (imports write their own); the installed packages are the same
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", *args],
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

@@ -461,6 +461,11 @@ def trainable_parameters(model, mode: str) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if id(p) in keep]
 
 
+def joint_training(cfg) -> bool:
+    """Whether each batch's loss adds the MLM term (joint alignment, or DAPT that keeps an MLM weight)."""
+    return cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
+
+
 def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop:
     """AdamW (no decay on biases and norms) over the mode's trainable parameters, the class-weighted
     length-grouped sampler, the batch loss (`TrainingLoss`, with its mask generator), the linear warm-up and
@@ -477,7 +482,7 @@ def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop
     sampler = WeightedLengthGroupedBatches(
         weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
         cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
-    joint = cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
+    joint = joint_training(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 303)
     batch_loss = TrainingLoss(model, tokenizer, cfg, joint, amp, gen,
                               weights.to(device) if cfg.class_weighted_loss else None,
