@@ -36,21 +36,22 @@ def minilm_bench_env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "TTT_BENCH_MODEL"}
 
 
-@pytest.fixture(scope="session")
-def defenses_bench():
-    """bench/defenses.py as a module (benches are scripts, not a package): its selection rule and kept scores."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "defenses.py"
-    spec = importlib.util.spec_from_file_location("defenses_bench", path)
+def _bench_module(name: str):
+    """bench/<name>.py as a module (benches are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def defenses_bench():
+    """bench/defenses.py: its selection rule and kept scores."""
+    return _bench_module("defenses")
 
 
 @pytest.fixture(scope="session")
 def speed_bench():
-    """bench/speed.py as a module: its roofline arithmetic."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "speed.py"
-    spec = importlib.util.spec_from_file_location("speed_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench/speed.py: its roofline arithmetic."""
+    return _bench_module("speed")
