@@ -216,13 +216,11 @@ def recipe_gflop_per_sample(model, tok, cfg, data: dict, args) -> dict:
     """The recipe's training loss (the library's TrainingLoss) on one batch at the mean padded width of the
     batches its length-grouped sampler draws over the run's epochs. FLOPs grow with the width plus a small
     squared term (attention: about 3% at 128 tokens), so the mean width gives the mean cost within a few percent."""
-    from ttt_pipeline.modeling.train import TrainingLoss, WeightedLengthGroupedBatches, class_weights, joint_training
+    from ttt_pipeline.modeling.train import TrainingLoss, class_weights, joint_training, training_sampler
 
-    ft, (texts, labels) = cfg.finetune, data["train"]
+    ft, (texts, labels) = cfg.finetune.model_copy(update={"seed": args.seed}), data["train"]
     lengths = [len(i) for i in tok(texts, truncation=True, max_length=cfg.model.max_length)["input_ids"]]
-    weights = class_weights(labels, data["classes"])[torch.tensor(labels)] if ft.weighted_sampler else None
-    sampler = WeightedLengthGroupedBatches(weights, lengths, ft.batch_size, args.seed, ft.length_grouping,
-                                           ft.length_group_batches)
+    sampler = training_sampler(ft, lengths, labels, class_weights(labels, data["classes"]))
     padded, rows = 0, 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

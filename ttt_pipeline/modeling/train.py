@@ -461,6 +461,13 @@ def trainable_parameters(model, mode: str) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if id(p) in keep]
 
 
+def training_sampler(cfg, lengths: list[int], labels: list[int], weights: torch.Tensor) -> Sampler[list[int]]:
+    """The batches fine-tuning draws: class-weighted when `weighted_sampler`, grouped by length."""
+    return WeightedLengthGroupedBatches(weights[torch.tensor(labels)] if cfg.weighted_sampler else None, lengths,
+                                        cfg.batch_size, cfg.seed, grouped=cfg.length_grouping,
+                                        group=cfg.length_group_batches)
+
+
 def joint_training(cfg) -> bool:
     """Whether each batch's loss adds the MLM term (joint alignment, or DAPT that keeps an MLM weight)."""
     return cfg.alignment == "joint" or (cfg.alignment == "dapt" and cfg.mlm_weight > 0)
@@ -477,11 +484,8 @@ def _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel) -> _Loop
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
                             **({"fused": True} if device.type == "cuda" else {}))
-    labels = train_ds["label"]
-    weights = class_weights(labels, model.meta.num_labels)
-    sampler = WeightedLengthGroupedBatches(
-        weights[torch.tensor(labels)] if cfg.weighted_sampler else None, train_ds["length"], cfg.batch_size,
-        cfg.seed, grouped=cfg.length_grouping, group=cfg.length_group_batches)
+    weights = class_weights(train_ds["label"], model.meta.num_labels)
+    sampler = training_sampler(cfg, train_ds["length"], train_ds["label"], weights)
     joint = joint_training(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 303)
     batch_loss = TrainingLoss(model, tokenizer, cfg, joint, amp, gen,
