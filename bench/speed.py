@@ -195,9 +195,8 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
                "clean_delta": {k: getattr(delta, k) for k in ("delta", "ci_low", "ci_high", "n")},
                "precision": resolve_precision(args.device, cfg.finetune.precision).name,
                "rss": {"finetune_tutorial": tut_rss, "finetune": ours_rss}}
-    figures["roofline"] = roofline(tut_gflop, recipe_gflop_per_sample(model, tok, cfg, data, args),
-                                   figures, args)
-    figures["finetune_speedup_ceiling"] = figures["roofline"].pop("speedup_ceiling")
+    figures["roofline"], figures["finetune_speedup_ceiling"] = roofline(
+        tut_gflop, recipe_gflop_per_sample(model, tok, cfg, data, args), figures, args)
     return figures, (model, tok, cfg)
 
 
@@ -247,20 +246,17 @@ def gemm_gflops(dtype: torch.dtype, device: str, repeats: int = 10) -> float:
     return 2 * 4096 * 384 * 1536 / statistics.median(times) / 1e9
 
 
-def roofline(tut_gflop: float, recipe: dict, figures: dict, args) -> dict:
-    """Each recipe's achieved GFLOP/s against the GEMM rate in its precision, and the speedup ceiling."""
+def roofline(tut_gflop: float, recipe: dict, figures: dict, args) -> tuple[dict, float]:
+    """Each recipe's achieved GFLOP/s against the GEMM rate in its precision; and the speedup ceiling."""
     rates = figures["train_samples_per_s"]
-    dtypes = {"tutorial": torch.float32, "recipe": torch.bfloat16 if figures["precision"] == "bf16" else torch.float32}
-    gemm = {str(d).removeprefix("torch."): round(gemm_gflops(d, args.device), 1) for d in set(dtypes.values())}
+    dtypes = {"tutorial": "float32", "recipe": "bfloat16" if figures["precision"] == "bf16" else "float32"}
+    gemm = {d: round(gemm_gflops(getattr(torch, d), args.device), 1) for d in set(dtypes.values())}
     out: dict = {"gemm_gflops": gemm}
     for name, gflop in (("tutorial", tut_gflop), ("recipe", recipe["gflop_per_sample"])):
-        peak = gemm[str(dtypes[name]).removeprefix("torch.")]
         out[name] = {"gflop_per_sample": round(gflop, 3), "gflops": round(rates[name] * gflop, 1),
-                     "of_gemm": round(rates[name] * gflop / peak, 3)}
+                     "of_gemm": round(rates[name] * gflop / gemm[dtypes[name]], 3)}
     out["recipe"]["width"] = recipe["width"]
-    out["speedup_ceiling"] = round(gemm[str(dtypes["recipe"]).removeprefix("torch.")]
-                                   / recipe["gflop_per_sample"] / rates["tutorial"], 2)
-    return out
+    return out, round(gemm[dtypes["recipe"]] / recipe["gflop_per_sample"] / rates["tutorial"], 2)
 
 
 def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.ndarray:
