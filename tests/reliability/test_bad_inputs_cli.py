@@ -153,7 +153,8 @@ def test_unreachable_tracking_server_fails_fast_and_names_the_uri(tmp_path, tiny
     assert_plain_error(run, f"MLflow tracking at http://ci:***@127.0.0.1:{port} is unreachable", "make serve")
     assert pw not in run.stderr + run.stdout
     assert elapsed < 25, f"took {elapsed:.1f} s (MLflow's own HTTP retries would take minutes)"
-    assert not run.probe["prefect"] and not (tmp_path / "store").exists()
+    # local data is checked (and prepared) first: only its download entry is in the store, nothing trained
+    assert not run.probe["prefect"] and [p.name for p in (tmp_path / "store").iterdir()] == ["download"]
 
 
 def test_a_bug_is_two_plain_lines_with_exit_1_and_debug_shows_it(monkeypatch, capsys):
@@ -171,3 +172,24 @@ def test_a_bug_is_two_plain_lines_with_exit_1_and_debug_shows_it(monkeypatch, ca
     assert "--debug" in err[1]
     with pytest.raises(KeyError):
         cli.main(["--debug", "config"])
+
+
+@pytest.mark.parametrize("source, order", [("reviews.csv", ["download", "tracking", "tokenizer"]),
+                                           ("gdown://abc", ["tracking", "tokenizer", "download"])])
+def test_preflight_reads_local_data_first_and_fetches_a_remote_source_last(monkeypatch, tmp_path, source, order):
+    """A bad local file fails before MLflow's seconds of imports; a download waits for the checks that need none."""
+    from types import SimpleNamespace
+
+    from ttt_pipeline import steps
+    from ttt_pipeline.cli import main as cli
+    from ttt_pipeline.io.tracking import Tracker
+    from ttt_pipeline.modeling import tokenize
+
+    calls = []
+    monkeypatch.setattr(steps, "download", lambda cfg, store: calls.append("download") or SimpleNamespace(cached=False))
+    monkeypatch.setattr(Tracker, "from_config", lambda tracking: calls.append("tracking") or SimpleNamespace(
+        check=lambda: None))
+    monkeypatch.setattr(tokenize, "load_tokenizer", lambda *a: calls.append("tokenizer"))
+    cfg = SimpleNamespace(data=SimpleNamespace(path=source, test_path=None, shift={}), store=str(tmp_path),
+                          tracking=None, model=SimpleNamespace(name="m", trust_remote_code=False))
+    assert cli.preflight(cfg) is True and calls == order
