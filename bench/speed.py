@@ -17,7 +17,8 @@ Each figure is a ratio to a reference measured in this run, on the same reviews:
   `predict_reviews_per_s`: the model alone; `spell_overhead`: time(spell + model) / time(model) - 1.
 - `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against a real `mlflow models serve` of the
   model (its default method, the presets' recommended `spell`).
-- `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs).
+- `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs);
+  scoring stages: the largest over repeats.
 - `precision_check`: a 384x1536 linear layer's forward and backward under bf16 autocast over fp32 (`bf16_over_fp32`)
   and whether `precision: auto` picked the faster one on this CPU (`auto_picks_faster`).
 - `roofline`: how close each recipe's training runs to this machine's arithmetic. `gflop_per_sample`: the matmul
@@ -29,7 +30,9 @@ Each figure is a ratio to a reference measured in this run, on the same reviews:
   reach on this machine without less arithmetic per sample (fewer tokens or fewer trained layers).
 The encoder of both recipes is bench/common.py's MODEL: MiniLM-L6 (the presets' model.name), or the one the
 environment variable TTT_BENCH_MODEL names (`--set model.name=...` changes the recipe's alone); the JSON's "model".
-Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each recipe trains once.
+Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each repeat times masked
+TTT, the model alone, spell + model and the repair back to back, and a ratio divides runs of one repeat. Each recipe
+trains once.
 Every run prints `machine` (CPU kind, native bf16, threads, torch): compare timings of one CPU kind only.
 
     .venv/bin/python bench/speed.py --json            # MDSD: about 15 min on 2 cores
@@ -268,7 +271,9 @@ def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.
 
 
 def scoring_figures(trained, data: dict, args) -> dict:
-    """TTT against its limit, the repair alone, the model with and without it: medians over repeats."""
+    """TTT against its limit, the repair alone, the model with and without it: medians over repeats. Each repeat
+    times the four back to back, and each ratio divides runs of one repeat, so a drift of the machine's speed
+    between blocks of repeats does not read as overhead (session 37: one repeat's spell_overhead read 0.365)."""
     from ttt_pipeline.defenses import registry
 
     model, tok, cfg = trained
@@ -277,19 +282,23 @@ def scoring_figures(trained, data: dict, args) -> dict:
     def fresh_spell():  # a new repair, its word caches empty (the dictionary loads once per process, untimed)
         return registry.build_repairs("spell", cfg.ttt, {"vocabulary": data["train"][0]})
 
+    def stage(name: str, fn) -> float:  # seconds of one call, and its peak resident memory
+        rss_reset()
+        seconds = timed(fn, 1)[0][0]
+        peaks.setdefault(name, []).append(rss_peak_mb())
+        return seconds
+
     fresh_spell()
-    rss_reset()
-    plain_s, _ = timed(lambda: predict(model, tok, texts, "none", cfg), args.repeats)
-    rss = {"predict": rss_peak_mb()}
-    rss_reset()
-    ttt_s, _ = timed(lambda: predict(model, tok, texts, "masked_ttt", cfg), args.repeats)
-    rss["masked_ttt"] = rss_peak_mb()
-    repair_s, spell_s = [], []
-    for _ in range(args.repeats):
-        repair = fresh_spell()
-        repair_s += timed(lambda r=repair: r[0](list(texts)), 1)[0]
+    peaks: dict[str, list] = {}
+    ttt_s, plain_s, spell_s, repair_s = [], [], [], []
+    for _ in range(args.repeats):  # the model alone beside both runs it is the reference of
+        ttt_s.append(stage("masked_ttt", lambda: predict(model, tok, texts, "masked_ttt", cfg)))
+        plain_s.append(stage("predict", lambda: predict(model, tok, texts, "none", cfg)))
         repair = fresh_spell()
         spell_s += timed(lambda r=repair: predict(model, tok, texts, "spell", cfg, repairs=r), 1)[0]
+        repair = fresh_spell()
+        repair_s += timed(lambda r=repair: r[0](list(texts)), 1)[0]
+    rss = {name: None if None in values else max(values) for name, values in peaks.items()}
     n = len(texts)
     fraction = [(n / t) / (n / p / 4) for t, p in zip(ttt_s, plain_s)]
     overhead = [s / p - 1 for s, p in zip(spell_s, plain_s)]
