@@ -32,13 +32,18 @@ def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tin
     assert d["ci_low"] <= d["delta"] <= d["ci_high"] and d["n"] == 48
     assert d["delta"] == pytest.approx(out["clean_acc"]["recipe"] - out["clean_acc"]["tutorial"])
     for key in ("ttt_fraction_of_limit", "ttt_reviews_per_s", "predict_reviews_per_s", "repair_reviews_per_s",
-                "spell_overhead"):
+                "spell_overhead", "spell_overhead_repair_alone"):
         assert set(out[key]) == SPREAD and out[key]["n"] == 2, key
         assert out[key]["min"] <= out[key]["median"] <= out[key]["max"], key
     # TTT adapts and predicts: slower than plain prediction, and its limit is a quarter of that
     assert 0 < out["ttt_reviews_per_s"]["median"] < out["predict_reviews_per_s"]["median"]
     assert 0 < out["ttt_fraction_of_limit"]["median"] < 2
     assert out["repair_reviews_per_s"]["median"] > 0 and out["spell_overhead"]["median"] > -0.5
+    # the repair's time over the model's, each repeat: bounded by the two rates' extremes
+    rates_of = {k: out[k] for k in ("predict_reviews_per_s", "repair_reviews_per_s")}
+    share = out["spell_overhead_repair_alone"]
+    assert 0.98 * rates_of["predict_reviews_per_s"]["min"] / rates_of["repair_reviews_per_s"]["max"] <= share["min"]
+    assert share["max"] <= 1.02 * rates_of["predict_reviews_per_s"]["max"] / rates_of["repair_reviews_per_s"]["min"]
     assert 0 < out["serve_p50_ms"] <= out["serve_p95_ms"] and out["serve_requests"] == 20
     assert out["serve_method"] == "spell"
     assert set(out["peak_rss_mb"]) == {"finetune_tutorial", "finetune", "predict", "masked_ttt"}
