@@ -276,7 +276,8 @@ def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.
 def scoring_figures(trained, data: dict, args) -> dict:
     """TTT against its limit, the repair alone, the model with and without it: medians over repeats. Each repeat
     times the four back to back, and each ratio divides runs of one repeat, so a drift of the machine's speed
-    between blocks of repeats does not read as overhead (session 37: one repeat's spell_overhead read 0.365)."""
+    between blocks of repeats does not read as overhead. The model's own call-to-call noise remains (10-20% on 2
+    cores): spell_overhead_repair_alone leaves the model's second run out."""
     from ttt_pipeline.defenses import registry
 
     model, tok, cfg = trained

@@ -59,9 +59,8 @@ def preflight(cfg) -> bool:
     """Everything that can be wrong with the inputs, checked before any training (results are cached).
 
     Returns whether it built the download step (the flow's download task then finds it cached). Cheapest first:
-    local data (a read of the files; the most common mistake) is checked before MLflow and the tokenizer (about
-    4 s of imports on 2 cores), so a bad file fails in about 2 s; a remote source is fetched last, after the checks
-    that download nothing."""
+    local data (a read of the files) is checked before MLflow and the tokenizer (about 4 s of imports on 2 cores),
+    so a bad file fails in about 2 s; a remote source is fetched last, after the checks that download nothing."""
     from ttt_pipeline import steps
     from ttt_pipeline.data.sources import Source
     from ttt_pipeline.io.tracking import Tracker
