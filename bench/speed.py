@@ -286,22 +286,23 @@ def scoring_figures(trained, data: dict, args) -> dict:
     def fresh_spell():  # a new repair, its word caches empty (the dictionary loads once per process, untimed)
         return registry.build_repairs("spell", cfg.ttt, {"vocabulary": data["train"][0]})
 
-    def stage(name: str, fn) -> float:  # seconds of one call, and its peak resident memory
+    def once(fn, stage: str | None = None) -> float:
+        """Seconds of one call; with a stage, its peak resident memory joins that stage's."""
         rss_reset()
         seconds = timed(fn, 1)[0][0]
-        peaks.setdefault(name, []).append(rss_peak_mb())
+        if stage:
+            peaks.setdefault(stage, []).append(rss_peak_mb())
         return seconds
 
     fresh_spell()
     peaks: dict[str, list] = {}
     ttt_s, plain_s, spell_s, repair_s = [], [], [], []
     for _ in range(args.repeats):  # the model alone beside both runs it is the reference of
-        ttt_s.append(stage("masked_ttt", lambda: predict(model, tok, texts, "masked_ttt", cfg)))
-        plain_s.append(stage("predict", lambda: predict(model, tok, texts, "none", cfg)))
-        repair = fresh_spell()
-        spell_s += timed(lambda r=repair: predict(model, tok, texts, "spell", cfg, repairs=r), 1)[0]
-        repair = fresh_spell()
-        repair_s += timed(lambda r=repair: r[0](list(texts)), 1)[0]
+        ttt_s.append(once(lambda: predict(model, tok, texts, "masked_ttt", cfg), "masked_ttt"))
+        plain_s.append(once(lambda: predict(model, tok, texts, "none", cfg), "predict"))
+        spell, repair = fresh_spell(), fresh_spell()
+        spell_s.append(once(lambda r=spell: predict(model, tok, texts, "spell", cfg, repairs=r)))
+        repair_s.append(once(lambda r=repair: r[0](list(texts))))
     rss = {name: None if None in values else max(values) for name, values in peaks.items()}
     n = len(texts)
     fraction = [(n / t) / (n / p / 4) for t, p in zip(ttt_s, plain_s)]

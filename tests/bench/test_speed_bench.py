@@ -40,10 +40,10 @@ def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tin
     assert 0 < out["ttt_fraction_of_limit"]["median"] < 2
     assert out["repair_reviews_per_s"]["median"] > 0 and out["spell_overhead"]["median"] > -0.5
     # the repair's time over the model's, each repeat: bounded by the two rates' extremes
-    rates_of = {k: out[k] for k in ("predict_reviews_per_s", "repair_reviews_per_s")}
-    share = out["spell_overhead_repair_alone"]
-    assert 0.98 * rates_of["predict_reviews_per_s"]["min"] / rates_of["repair_reviews_per_s"]["max"] <= share["min"]
-    assert share["max"] <= 1.02 * rates_of["predict_reviews_per_s"]["max"] / rates_of["repair_reviews_per_s"]["min"]
+    model, repair, share = (out[k] for k in ("predict_reviews_per_s", "repair_reviews_per_s",
+                                             "spell_overhead_repair_alone"))
+    assert 0.98 * model["min"] / repair["max"] <= share["min"]
+    assert share["max"] <= 1.02 * model["max"] / repair["min"]
     assert 0 < out["serve_p50_ms"] <= out["serve_p95_ms"] and out["serve_requests"] == 20
     assert out["serve_method"] == "spell"
     assert set(out["peak_rss_mb"]) == {"finetune_tutorial", "finetune", "predict", "masked_ttt"}

@@ -70,10 +70,11 @@ def preflight(cfg) -> bool:
     d = cfg.data
     sources = [d.path, *([d.test_path] if d.test_path else []), *d.shift.values()]
     local = all(Source.parse(s).kind == "local" for s in sources)
-    download = steps.download(cfg, StepStore(cfg.store)) if local else None
+    store = StepStore(cfg.store)
+    download = steps.download(cfg, store) if local else None
     Tracker.from_config(cfg.tracking).check()
     load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
-    return not (download or steps.download(cfg, StepStore(cfg.store))).cached
+    return not (download or steps.download(cfg, store)).cached
 
 
 def start_prefect_server() -> None:
