@@ -1,14 +1,16 @@
-"""Every command in the README, as written, from a plain shell (issue 33).
+"""Every command in the README, as written, from a plain shell.
 
 The shell has no activated virtualenv (PATH is the system's), and its folder looks like a user's checkout: `.venv`
 (this test's interpreter's environment), a store, an MLflow database and a registered champion made by a real
 `ttt-pipeline run --config demo` (the tiny BERT for speed, so the run takes seconds; the model is registered under
-the demo's name, `ttt-demo-reviews-negative-positive`). Each ```bash block line is then run as written, with only
-its placeholders filled: RUN_ID / RUN_A / RUN_B (the two runs' ids) and the ports (free ones; servers are started,
+the demo's name, `ttt-demo-reviews-negative-positive`). Each command is then run as written, with only its
+placeholders filled: RUN_ID / RUN_A / RUN_B (the two runs' ids) and the ports (free ones; servers are started,
 asked for a page, and stopped). The ```python block runs as a script.
 
-Commands that take minutes or need what this machine lacks run as written elsewhere, and COVERED says where; a
-README command that is neither run here nor listed there fails the test, so a new command cannot slip in unchecked.
+Commands are the lines of the ```bash blocks and the inline code spans of the prose that start like a command
+(`make `, `ttt-pipeline `, `.venv/bin/`, `mlflow `, `prefect `, `curl `). Commands that take minutes or need what
+this machine lacks run as written elsewhere, and COVERED says where; a README command that is neither run here nor
+listed there fails the test, so a new command cannot slip in unchecked.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from netutil import free_port
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent
 NAME = "ttt-demo-reviews-negative-positive"
@@ -37,19 +40,36 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
     "make test": ".ci/run",
     "make setup": ".ci/run",
     "make lint": ".ci/run",
+    "make test-slow": ".ci/run",
+    "make test-integration": ".ci/run",
+    "make test-browser": ".ci/run",
     "make bench": "make -n below: its three benches; their --quick modes run in tests/bench (slow suite)",
-    "make test-bench": "make -n below: pytest -m bench (the benches' MiniLM checks; minutes, not in CI)",
+    "make serve": "tests/ops/test_integration_servers.py (scripts/serve.sh start, the target's script; make -n below)",
     "make serve-model": "tests/serving/test_serving_integration.py (scripts/serve_model.sh, the target's script)",
-    ".venv/bin/ttt-pipeline explain RUN_ID --example 71":
-        "tests/attribution/test_trak.py::test_stage_logs_and_explain (a tiny random model explains no flip)",
+    "python3 -m pip wheel --no-deps -w dist .":
+        "tests/packaging/test_wheel.py (pip wheel --no-deps of this checkout)",
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu":
+        "tests/serving/test_fresh_env_serving.py (torch's CPU build from this index into a fresh venv)",
+    "pip install dist/ttt_pipeline-0.1.0-py3-none-any.whl":
+        "tests/packaging/test_wheel.py (the wheel in a fresh venv: `ttt-pipeline` and the demo preset from any folder)",
+    ".venv/bin/ttt-pipeline evaluate --model path/to/hf-classifier --config mdsd-electronics":
+        "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
+    ".venv/bin/ttt-pipeline evaluate --model models:/my-classifier@prod "
+    "--set 'model.label_map={LABEL_0: negative, LABEL_1: positive}'":
+        "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
+    ".venv/bin/python bench/defenses.py --json --seeds 51 52 53 --split-seed 2029 --test-seed 13 --val-seeds 7 8 9 "
+    "--mask-seeds 0 --defenses none spell --no-augment --min-speed 0":
+        "tests/bench/test_defenses_bench.py (its --quick mode, slow suite; the full run takes hours and MDSD's files)",
 }
+INLINE_PREFIXES = ("make ", "ttt-pipeline ", ".venv/bin/", "mlflow ", "prefect ", "curl ")
+README = REPO / "README.md"
 
 
 def readme_blocks(kind: str) -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    return re.findall(rf"```{kind}\n(.*?)```", README.read_text(), re.S)
 
 
-def readme_commands() -> list[str]:
+def fenced_commands() -> list[str]:
     """The ```bash lines: continuations joined, comments dropped, blanks squeezed."""
     out = []
     for block in readme_blocks("bash"):
@@ -58,6 +78,25 @@ def readme_commands() -> list[str]:
             if line and not line.startswith("#"):
                 out.append(" ".join(line.split()))
     return out
+
+
+def inline_commands(text: str | None = None) -> list[str]:
+    """The prose's inline code spans that start like a command (INLINE_PREFIXES), blanks squeezed; fenced blocks
+    are left out (fenced_commands reads them)."""
+    prose = re.sub(r"```.*?```", "", README.read_text() if text is None else text, flags=re.S)
+    spans = (" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)*)`(?!`)", prose))
+    return [span for span in spans if span.startswith(INLINE_PREFIXES)]
+
+
+def readme_commands() -> list[str]:
+    """Every command the README shows, fenced or inline, each once, in order."""
+    return list(dict.fromkeys(fenced_commands() + inline_commands()))
+
+
+def runs_here(cmd: str) -> bool:
+    """Whether a test of this file runs `cmd` as written (the CLI, the servers, the request)."""
+    return cmd not in COVERED and (cmd.startswith(("PATH=", "curl ", ".venv/bin/ttt-pipeline "))
+                                   or cmd.split()[:2] in ([".venv/bin/mlflow", "ui"], [".venv/bin/prefect", "server"]))
 
 
 def plain_env(home: Path) -> dict:
@@ -99,16 +138,20 @@ def serving(cmd: str, home: Path, url: str, timeout: float = 120):
         log.close()
 
 
+def fast_sets(tiny_bert_dir) -> str:
+    """Settings appended to a README `run` so that it takes seconds: the tiny BERT, one short epoch, few reviews."""
+    return (f"--set model.name={tiny_bert_dir} --set model.max_length=48 --set finetune.epochs=1 "
+            "--set finetune.mlm_warmup_max_steps=2 --set data.max_train_samples=60 --set data.max_test_samples=24")
+
+
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory, tiny_bert_dir):
     """A user's folder after two `ttt-pipeline run --config demo` runs (the second served from the cache)."""
     home = tmp_path_factory.mktemp("readme")
     (home / ".venv").symlink_to(VENV)
-    sets = (f"--set model.name={tiny_bert_dir} --set model.max_length=48 --set finetune.epochs=1 "
-            "--set finetune.mlm_warmup_max_steps=2 --set data.max_train_samples=60 --set data.max_test_samples=24")
     ids = []
     for _ in range(2):
-        proc = sh(f".venv/bin/ttt-pipeline run --config demo {sets} --json", home, timeout=900)
+        proc = sh(f".venv/bin/ttt-pipeline run --config demo {fast_sets(tiny_bert_dir)} --json", home, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
         ids.append(summary["mlflow_run_id"])
@@ -118,31 +161,42 @@ def checkout(tmp_path_factory, tiny_bert_dir):
 
 
 def test_every_readme_command_is_checked():
-    ran_here = {c for c in readme_commands() if c.startswith((".venv/bin/", "PATH=", "curl "))}
-    unchecked = [c for c in readme_commands() if c not in ran_here and c not in COVERED
-                 and not c.startswith("make ")]
+    unchecked = [c for c in readme_commands() if not runs_here(c) and c not in COVERED]
     assert not unchecked, f"README commands no test runs: {unchecked}; run them here or name their test in COVERED"
-    makes = {c for c in readme_commands() if c.startswith("make ")}
-    assert makes <= set(COVERED), f"make targets no test runs: {makes - set(COVERED)}"
+    stale = [c for c in COVERED if c not in readme_commands()]
+    assert not stale, f"COVERED names commands the README no longer shows: {stale}"
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     for cmd, where in COVERED.items():
         if where == ".ci/run":
             assert cmd in ci, f"{cmd!r} is not a line of .ci/run"
-    # `make bench` and `make serve-model` expand to commands that exist in a plain checkout
-    dry = subprocess.run(["make", "-n", "bench", "serve-model"], cwd=REPO, capture_output=True, text=True,
+    # the wheel the README installs is the one this checkout builds
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"pip install dist/ttt_pipeline-{version}-py3-none-any.whl" in readme_commands()
+    # `make bench`, `make serve` and `make serve-model` expand to commands that exist in a plain checkout
+    dry = subprocess.run(["make", "-n", "bench", "serve", "serve-model"], cwd=REPO, capture_output=True, text=True,
                          env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
     assert dry.returncode == 0, dry.stderr
-    for script in ("bench/corruption_speed.py", "bench/ttt_engine.py", "bench/accuracy.py", "scripts/serve_model.sh"):
+    for script in ("bench/corruption_speed.py", "bench/ttt_engine.py", "bench/accuracy.py", "scripts/serve.sh",
+                   "scripts/serve_model.sh"):
         assert script in dry.stdout and (REPO / script).is_file()
     bench_tests = subprocess.run(["make", "-n", "test-bench"], cwd=REPO, capture_output=True, text=True,
                                  env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
     assert bench_tests.returncode == 0 and "pytest -q -m bench" in bench_tests.stdout, bench_tests.stderr
 
 
+def test_inline_commands_are_collected():
+    """Inline spans that start like a command are commands; other code spans, and fenced lines, are not."""
+    text = ("Run `make run` or `.venv/bin/ttt-pipeline report\n    RUN_ID`; set `finetune.epochs` and `TORCH=cuda`.\n"
+            "```bash\nmake lint\n```\nThen `mlflow ui` and ``curl x``.\n")
+    assert inline_commands(text) == ["make run", ".venv/bin/ttt-pipeline report RUN_ID", "mlflow ui"]
+
+
+@pytest.mark.integration
 def test_cli_commands_as_written(checkout):
     home, (run_a, run_b) = checkout
     fill = {"RUN_ID": run_a, "RUN_A": run_a, "RUN_B": run_b}
-    cmds = [c for c in readme_commands() if c.startswith(".venv/bin/ttt-pipeline") and c not in COVERED]
+    cmds = [c for c in readme_commands() if runs_here(c) and c.startswith(".venv/bin/ttt-pipeline ")
+            and not c.startswith(".venv/bin/ttt-pipeline run ")]
     assert len(cmds) == 4, cmds  # report, compare, reevaluate, predict
     for cmd in cmds:
         filled = re.sub(r"\b(RUN_ID|RUN_A|RUN_B)\b", lambda m: fill[m.group(1)], cmd)
@@ -157,6 +211,26 @@ def test_cli_commands_as_written(checkout):
     assert len(rows) == 2 and all(r["label"] in ("negative", "positive") for r in rows)
 
 
+@pytest.mark.integration
+def test_own_reviews_run_as_written(checkout, tiny_bert_dir):
+    """The README's run on a user's CSV: the demo's reviews written as a CSV with the command's own file name and
+    columns, the command as written with fast_sets appended (and attribution off: TRAK has its own tests)."""
+    home, _ = checkout
+    [cmd] = [c for c in readme_commands() if runs_here(c) and c.startswith(".venv/bin/ttt-pipeline run ")]
+    setting = dict(re.findall(r"--set '?(data\.\w+)=([^' ]+)", cmd))
+    polarity = {1: "negative", 2: "negative", 4: "positive", 5: "positive"}
+    rows = [json.loads(line) for line in (REPO / "data" / "demo" / "reviews.jsonl").read_text().splitlines()]
+    pd.DataFrame({setting["data.text_column"]: [r["text"] for r in rows if r["rating"] in polarity],
+                  setting["data.label_column"]: [polarity[r["rating"]] for r in rows if r["rating"] in polarity]}
+                 ).to_csv(home / setting["data.path"], index=False)
+    proc = sh(f"{cmd} {fast_sets(tiny_bert_dir)} --set attribution.enabled=false --json", home, timeout=900)
+    assert proc.returncode == 0, f"{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["registry"]["model_name"].endswith("-negative-positive"), summary["registry"]
+
+
+@pytest.mark.integration
 def test_python_snippet_as_written(checkout):
     home, _ = checkout
     [snippet] = readme_blocks("python")
@@ -168,14 +242,14 @@ def test_python_snippet_as_written(checkout):
     assert row["label"] in ("negative", "positive") and 0.0 <= row["probability"] <= 1.0
 
 
+@pytest.mark.integration
 def test_servers_as_written(checkout):
     home, _ = checkout
-    by_start = {c.split()[0] + " " + c.split()[1]: c for c in readme_commands()}
-    ui = by_start[".venv/bin/mlflow ui"]
+    [ui] = [c for c in readme_commands() if c.startswith(".venv/bin/mlflow ui ")]
     port = free_port()
     with serving(ui.replace("--port 5000", f"--port {port}"), home, f"http://127.0.0.1:{port}/"):
         pass
-    prefect = by_start[".venv/bin/prefect server"]
+    [prefect] = [c for c in readme_commands() if c.startswith(".venv/bin/prefect server ")]
     port = free_port()
     with serving(f"PREFECT_SERVER_API_PORT={port} {prefect}", home, f"http://127.0.0.1:{port}/api/health",
                  timeout=180):
