@@ -21,7 +21,7 @@ Only what is likely a typo is touched, so clean text passes through (almost) unc
   (BATTRY -> BATTERY, Graet -> Great); words of 2-3 letters only accept 1 edit (2 edits reach too much).
 
 Typo fixes beyond the closest word (`fixes`; DEFAULT_FIXES are the ones that passed bench/spell_repair.py's
-check on training reviews, docs/results.md): `undouble` (letters doubled by a sticky key, written once when that
+check on training reviews, docs/benchmarks.md): `undouble` (letters doubled by a sticky key, written once when that
 makes a known word: purchasseedd -> purchased), `case` (shift-key slips on a capitalised word: TThe -> The,
 hTese -> These; other mixed case is still left alone), `real_word` (a dictionary word rarer than 10^7 whose
 letters spell one 1,000x as frequent: rae -> are), `jumble_late` (inner letters shuffled, first and last kept,
@@ -84,9 +84,9 @@ _GLYPH = re.compile(r"(?=(?:[^A-Za-z]*[A-Za-z]){3})(?!(?:[^0-9]*[0-9]){3})(?![0-
 _ACRONYM_MAX = 4  # all-caps words up to this length are left as written
 # Typo fixes beyond SymSpell's closest word (see SpellRepair._correct); chosen by bench/spell_repair.py's rule.
 FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "context", "confusions", "glyphs"})
-# The fixes on by default: the combination that passed the rule's check (docs/results.md, 2026-11-23), and `glyphs`,
-# which passed the glyph-and-digit rule (docs/results.md, 2026-11-26); `jumble`
-# (one line beside jumble_late) is kept as an option; the typo priors that failed it were removed (commit f71fec2).
+# The fixes on by default: the combination that passed the rule's check, and `glyphs`, which passed the
+# glyph-and-digit rule (both rules: bench/spell_repair.py's docstring); `jumble` (one line beside jumble_late) is
+# kept as an option.
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context", "glyphs")
 
 
@@ -440,7 +440,7 @@ def _tie_ordered(index: _DeleteIndex, sym: SymSpell | None, word: str, limit: in
     which breaks ties of equal count by the order its search meets them in: `sym`'s search where one is loaded,
     else a search over these words alone, which keeps the whole dictionary's order because a farther word (at
     `limit`, where the search starts, for limits 1 and 2) never changes what the search does with a closest one
-    (docs/results.md, 2026-11-27 session 31; tests/defenses/test_spell.py checks it)."""
+    (tests/defenses/test_spell.py checks it against the whole dictionary's search)."""
     if sym is None:
         sym = SymSpell(max_dictionary_edit_distance=index.max_edit_distance, prefix_length=_PREFIX_LENGTH)
         for term, count in load:

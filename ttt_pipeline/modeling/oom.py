@@ -79,8 +79,8 @@ class OutOfMemory(PipelineError):
 _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory", "not enough memory")
 
 
-# oneDNN's error when it cannot build a kernel, whatever the cause; measured (2026-11-27): its allocation failing
-# under `ulimit -v 4000000` in masked TTT's adaptation
+# oneDNN's error when it cannot build a kernel, whatever the cause; under `ulimit -v 4000000` its allocation fails
+# with it in masked TTT's adaptation
 _ONEDNN_PRIMITIVE = "could not create a primitive"
 
 
@@ -119,9 +119,8 @@ def _glibc():
 
 def release_freed_memory() -> None:
     """Give the heap pages a finished stage freed back to the system. glibc keeps freed blocks in its heap for
-    reuse, and the fine-tuning steps' activations of many sizes leave it fragmented: measured on the demo
-    (2026-11-27), the heap held 1.8 GB when the evaluate step began while 0.6 GB of it was live, and the process
-    stayed at that size to the end. torch has no CPU cache to empty, so this asks glibc itself (`malloc_trim`);
+    reuse, and the fine-tuning steps' activations of many sizes leave it fragmented: on the demo the heap held
+    three times what was live when the evaluate step began, and the process stayed at that size to the end. torch has no CPU cache to empty, so this asks glibc itself (`malloc_trim`);
     it changes no result, only what the process holds between stages."""
     _free_cuda()  # garbage collected first, so what the stage dropped is free to give back
     libc = _glibc()

@@ -6,11 +6,11 @@ of what it built, one entry per shape, each entry holding its own buffers: oneDN
 Arm, left as it is there). Length-grouped
 batches and dynamic padding (and the masked-token count of each MLM step) make a new shape nearly every step, so
 both caches only grow:
-- oneDNN's: the demo's fine-tuning left 300 MB allocated after every tensor was freed, and each masked-TTT method
-  100 MB more; 16 primitives lowered the demo's peak by 274 MB, fine-tuning 3% slower (2026-11-28);
-- ideep's: fine-tuning kept about 10 MB more in use per demo epoch, with no end (24 epochs: 500 -> 683 MB in use,
-  the heap around it 951 -> 2,207 MB); a bf16 block on 300 row counts held 277 MB more, 5 MB with 16 (2026-11-28).
-The rules and runs are in docs/results.md. Both libraries read their capacity when they first build something, so
+- oneDNN's: the demo's fine-tuning left about 300 MB allocated after every tensor was freed, and each masked-TTT
+  method about 100 MB more; with 16 primitives the demo's peak is lower, fine-tuning about 3% slower;
+- ideep's: fine-tuning kept about 10 MB more in use per demo epoch, with no end; with 16 the demo's peak is lower
+  and no slower.
+The figures are in docs/benchmarks.md (Memory). Both libraries read their capacity when they first build something, so
 `ttt_pipeline.modeling` sets both when it is imported: before any model of this library runs, whichever entry
 point (CLI, Prefect worker, MLflow pyfunc, benches, a user's script) loads it.
 """
@@ -23,7 +23,8 @@ import re
 
 from ttt_pipeline.errors import ConfigError
 
-# entries per cache, oneDNN's and ideep's (both default to 1024); chosen by the rules in docs/results.md (2026-11-28)
+# entries per cache, oneDNN's and ideep's (both default to 1024); the capacity whose demo peak was lowest without
+# slowing fine-tuning by more than 5% (docs/benchmarks.md, Memory)
 PRIMITIVE_CACHE = 16
 # oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, else its older name DNNL_PRIMITIVE_CACHE_CAPACITY
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
@@ -45,9 +46,9 @@ def cap_primitive_cache(capacity: int = PRIMITIVE_CACHE) -> None:
 
 def _check_ideep_capacity(value: str | None) -> None:
     """A user's LRU_CACHE_CAPACITY must be a whole number >= 1: ideep reads it with atoi, and 0 or text (atoi: 0) end
-    the process with a segmentation fault at its first bf16 operation, no message (torch 2.13, AVX512 x86, measured
-    2026-11-28: `LRU_CACHE_CAPACITY=0` and `=abc` exit 139 on one bf16 linear layer). A negative number did not crash
-    there, and is refused too: it is no capacity."""
+    the process with a segmentation fault at its first bf16 operation, no message (torch 2.13 on an AVX512 x86 CPU:
+    `LRU_CACHE_CAPACITY=0` and `=abc` exit 139 on one bf16 linear layer). A negative number does not crash there,
+    and is refused too: it is no capacity."""
     if value and not (_WHOLE.fullmatch(value.strip()) and int(value) >= 1):
         raise ConfigError(f"LRU_CACHE_CAPACITY={value!r} in the environment: ideep (torch's bf16 layer over oneDNN) "
                           "needs a whole number >= 1 (with 0 or text it crashes the process at its first bf16 "
