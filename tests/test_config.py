@@ -157,7 +157,7 @@ def test_default_defense_must_be_one_of_the_scored_methods():
 
 @pytest.mark.parametrize("preset", ["demo", "mdsd-electronics", "mdsd-robustness", "amazon-electronics"])
 def test_every_preset_recommends_the_benchmarked_default_defense(preset):
-    """Issue 23: the presets use the default that bench/defenses.py's validation rule picked (session 17: spell)."""
+    """The presets use the default that bench/defenses.py's validation rule picked: spell."""
     cfg = load_config(preset)
     assert cfg.evaluation.default_defense == "spell" and "spell" in cfg.ttt.methods
 

@@ -15,8 +15,7 @@ def core_share(cores: list[int], worker: int, workers: int) -> set[int]:
 def pin_xdist_worker() -> None:
     """Under pytest-xdist with TTT_TEST_PIN_WORKERS=1, this worker and every process it starts keep its core_share:
     the library's set_threads then sizes torch to that share instead of giving every worker all cores, which
-    oversubscribed them (the slow tier on two unpinned workers ran the demo fixture 2.3x slower than alone;
-    docs/results.md)."""
+    oversubscribed them (the slow tier on two unpinned workers ran the demo fixture 2.3x slower than alone)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if os.environ.get("TTT_TEST_PIN_WORKERS") != "1" or not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
         return

@@ -38,7 +38,7 @@ def test_default_fixes_pass_the_adoption_rule(mdsd_dir):
     for changed in ("intact_changed", "keyboard_intact_changed", "misspelling_intact_changed", "ocr_intact_changed",
                     "clean_changed"):
         assert new[changed] - before[changed] <= 0.002, changed
-    # the wrong-word rule's figures (docs/results.md, session 25): deterministic, so pinned as documented
+    # the default's figures under the wrong-word rule (bench/spell_repair.py): deterministic, so pinned
     assert new["pooled_restored"] == pytest.approx(0.620, abs=5e-4)
     assert new["pooled_miscorrected"] == pytest.approx(0.153, abs=5e-4)
     assert new["keyboard_miscorrected"] == pytest.approx(0.120, abs=5e-4)

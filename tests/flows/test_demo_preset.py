@@ -55,7 +55,7 @@ def test_the_corruption_drop_is_significant(demo):
     assert drop["significant"] and drop["ci_low"] > 0, drop
     assert drop["delta"] == pytest.approx(summary["acc_clean"] - summary["acc_corrupted"], abs=1e-9)
     # the model learned the task (chance is 0.5) and keyboard typos cost it: the numbers measured for the preset
-    # (README, 2026-11-27, AVX512 CPU, bf16 and fp32 alike: clean 0.899, corrupted 0.682), with room for another
+    # (README and docs/benchmarks.md, bf16 and fp32 alike: clean 0.899, corrupted 0.682), with room for another
     # CPU's arithmetic
     assert summary["acc_clean"] == pytest.approx(0.899, abs=0.04)
     assert summary["acc_corrupted"] == pytest.approx(0.682, abs=0.04)

@@ -9,6 +9,7 @@ receiver. Without TTT_ALERT_WEBHOOK_URL the script creates nothing.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -28,6 +29,11 @@ from tiny_config import tiny_config
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NAME = "alerts-tiny-classifier"
+
+
+def iso_date(year: int, month: int, day: int) -> str:
+    """A night as the flow and the CLI take it (YYYY-MM-DD)."""
+    return datetime.date(year, month, day).isoformat()
 pytestmark = pytest.mark.integration
 
 
@@ -152,8 +158,9 @@ def _better_previous_night(champ: dict, run_id: str, tmp: Path) -> None:
     (tmp / "better").mkdir()
     ref.to_parquet(tmp / "better" / "predictions_ref.parquet", index=False)
     tr = champ["tracker"]
-    fake = tr.start("nightly-2029-06-03", tags={"ttt_run_kind": "nightly-reevaluation", "night": "2029-06-03",
-                                                "registered_model": NAME})
+    before = iso_date(2029, 6, 3)
+    fake = tr.start(f"nightly-{before}", tags={"ttt_run_kind": "nightly-reevaluation", "night": before,
+                                               "registered_model": NAME})
     tr.metrics(fake, {"robust_acc_ref": 0.9})
     tr.artifact(fake, tmp / "better" / "predictions_ref.parquet")
     tr.end(fake)
@@ -182,11 +189,11 @@ def test_a_regression_event_reaches_the_webhook_through_the_shipped_automation(s
     assert len(_automations(env)) == 1
 
     champ = _champion(tmp_path, tiny_bert_dir)
-    code, first, log = _reevaluate(env, champ["yaml"], "2029-06-01")
+    code, first, log = _reevaluate(env, champ["yaml"], iso_date(2029, 6, 1))
     assert code == 0 and first["verdict"] == "ok" and first["defense"] == "masked_ttt", log[-3000:]
     assert first["event"]["name"] == "ttt.nightly.ok"
     _better_previous_night(champ, first["mlflow_run_id"], tmp_path)
-    code, night, log = _reevaluate(env, champ["yaml"], "2029-06-04")
+    code, night, log = _reevaluate(env, champ["yaml"], iso_date(2029, 6, 4))
     assert code == 3 and night["verdict"] == "regression", log[-3000:]
     assert night["reference"]["ci_high"] < -0.02 and night["event"]["name"] == "ttt.nightly.regression"
 
@@ -203,5 +210,5 @@ def test_a_regression_event_reaches_the_webhook_through_the_shipped_automation(s
     assert posts, "the automation did not post to the webhook"
     assert len(posts) == 1 and posts[0]["path"] == "/ttt-hook"  # the ok night sent nothing
     body = posts[0]["json"]
-    assert body["source"] == "ttt-pipeline" and NAME in body["subject"] and "2029-06-04" in body["body"]
+    assert body["source"] == "ttt-pipeline" and NAME in body["subject"] and iso_date(2029, 6, 4) in body["body"]
     assert f"{night['reference']['delta']}"[:6] in body["body"]

@@ -3,6 +3,7 @@ judged method is the recommended defense (evaluation.default_defense: masked_ttt
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
@@ -13,6 +14,11 @@ from ttt_pipeline.config import PipelineConfig
 
 pytestmark = pytest.mark.slow
 NAME = "ops-tiny-classifier"
+
+
+def iso_date(year: int, month: int, day: int) -> str:
+    """A night as the flow and the CLI take it (YYYY-MM-DD)."""
+    return datetime.date(year, month, day).isoformat()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +85,7 @@ def _artifacts():
 
 def test_nightly_passes_then_fails_loudly_on_a_drop(setup, harness):
     tmp, cfg, client, mv = setup
-    state, arts = _run(cfg, threshold=0.05, reference_seed=7, night="2030-01-01")
+    state, arts = _run(cfg, threshold=0.05, reference_seed=7, night=iso_date(2030, 1, 1))
     assert state.is_completed(), state.message
     first = state.result()
     assert first["model_version"] == str(mv.version) and first["previous_run_id"] is None
@@ -99,7 +105,7 @@ def test_nightly_passes_then_fails_loudly_on_a_drop(setup, harness):
     assert any("no regression" in (a.data or "") for a in arts)
 
     # the next night: same model, same reference suite -> no drop; a different nightly suite
-    state, _ = _run(cfg, threshold=0.05, reference_seed=7, night="2030-01-02")
+    state, _ = _run(cfg, threshold=0.05, reference_seed=7, night=iso_date(2030, 1, 2))
     assert state.is_completed(), state.message
     second = state.result()
     assert second["previous_run_id"] == first["mlflow_run_id"]
@@ -125,15 +131,15 @@ def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(set
     from ttt_pipeline.io.tracking import Tracker
 
     tmp, cfg, client, mv = setup
-    state, _ = _run(_nights_config(cfg, 0), threshold=0.02, reference_seed=7, night="2029-06-01")
+    state, _ = _run(_nights_config(cfg, 0), threshold=0.02, reference_seed=7, night=iso_date(2029, 6, 1))
     assert state.is_completed(), state.message
     # same model, other mask seeds: the point value may move, the paired interval says it is noise
-    state, arts = _run(_nights_config(cfg, 5), threshold=0.02, reference_seed=7, night="2029-06-02")
+    state, arts = _run(_nights_config(cfg, 5), threshold=0.02, reference_seed=7, night=iso_date(2029, 6, 2))
     assert state.is_completed(), state.message
     quiet = state.result()
     assert quiet["regression"] is False and quiet["robust_acc_change_ci_high"] >= -0.02
     assert quiet["robust_acc_change_ci_low"] <= quiet["robust_acc_change"] <= quiet["robust_acc_change_ci_high"]
-    assert "it does not." in [a for a in arts if "2029-06-02" in (a.data or "")][-1].data
+    assert "it does not." in [a for a in arts if iso_date(2029, 6, 2) in (a.data or "")][-1].data
 
     # a previous night that was right on 10 more reviews in 100 (same reviews, same mask seeds)
     tracker = Tracker.from_config(cfg.tracking)
@@ -146,24 +152,26 @@ def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(set
     fix = ttt & better["index"].isin(wrong[: round(0.1 * n)])
     better.loc[fix, "pred"] = better.loc[fix, "label"]
     better.to_parquet(tmp_path / "predictions_ref.parquet", index=False)
-    fake = tracker.start("nightly-2029-06-03", tags={"ttt_run_kind": "nightly-reevaluation", "night": "2029-06-03",
-                                                     "registered_model": NAME})
+    before = iso_date(2029, 6, 3)
+    fake = tracker.start(f"nightly-{before}", tags={"ttt_run_kind": "nightly-reevaluation", "night": before,
+                                                    "registered_model": NAME})
     tracker.metrics(fake, {"robust_acc_ref": quiet["robust_acc_ref"] + 0.1})
     tracker.artifact(fake, tmp_path / "predictions_ref.parquet")
     tracker.end(fake)
 
-    state, arts = _run(_nights_config(cfg, 5), threshold=0.02, reference_seed=7, night="2029-06-04")
+    state, arts = _run(_nights_config(cfg, 5), threshold=0.02, reference_seed=7, night=iso_date(2029, 6, 4))
     assert state.is_failed() and state.name == "Regression"  # a named outcome, not a crash
     out = state.result(raise_on_failure=False)
     assert out["verdict"] == "regression" and out["event"]["name"] == "ttt.nightly.regression"
-    assert out["reference"]["ci_high"] < -0.02 and "previous night 2029-06-03" in out["reference"]["against"]
+    assert out["reference"]["ci_high"] < -0.02 and f"previous night {before}" in out["reference"]["against"]
     events = _events("ttt.nightly.regression")
     assert [e for e in events if str(e.id) == out["event"]["id"]][0].payload["reference"]["delta"] == \
         pytest.approx(out["reference"]["delta"])
     assert "95% paired interval" in state.message and "lies below -2.00" in state.message
     flagged = [a for a in arts if "REGRESSION" in (a.data or "")]
     assert flagged and "REGRESSION" in (flagged[-1].description or "") and "it does." in flagged[-1].data
-    runs = client.search_runs([client.get_run(quiet["mlflow_run_id"]).info.experiment_id], "tags.night = '2029-06-04'")
+    runs = client.search_runs([client.get_run(quiet["mlflow_run_id"]).info.experiment_id],
+                              f"tags.night = '{iso_date(2029, 6, 4)}'")
     assert len(runs) == 1 and runs[0].info.status == "FAILED" and runs[0].data.tags["regression"] == "true"
     assert runs[0].data.tags["previous_run_id"] == fake
     m = runs[0].data.metrics
@@ -197,7 +205,7 @@ def test_no_champion_fails_once_and_the_artifact_says_what_to_do(setup, harness)
     _, cfg, _, _ = setup
     lonely = cfg.model_copy(deep=True)
     lonely.registry.model_name = "never-registered"
-    state, arts = _run(lonely, night="2030-02-01")
+    state, arts = _run(lonely, night=iso_date(2030, 2, 1))
     assert state.is_failed() and state.name == "NoChampion"
     out = state.result(raise_on_failure=False)
     assert out["verdict"] == "no_champion" and out["event"]["name"] == "ttt.nightly.no-champion"
@@ -207,7 +215,7 @@ def test_no_champion_fails_once_and_the_artifact_says_what_to_do(setup, harness)
     assert fr.run_count == 1  # not retried
     notes = [a for a in arts if "No champion yet" in (a.data or "")]
     assert notes and "NO CHAMPION" in notes[-1].description
-    assert "Run the ttt-pipeline deployment once" in notes[-1].data and "2030-02-01" in notes[-1].data
+    assert "Run the ttt-pipeline deployment once" in notes[-1].data and iso_date(2030, 2, 1) in notes[-1].data
 
 
 def test_an_error_in_the_data_fails_the_night_at_once_without_retries(setup, harness):
@@ -215,7 +223,7 @@ def test_an_error_in_the_data_fails_the_night_at_once_without_retries(setup, har
     _, cfg, _, _ = setup
     wrong = cfg.model_copy(deep=True)
     wrong.data.label_column = "stars"
-    state, _ = _run(wrong, night="2030-02-02")
+    state, _ = _run(wrong, night=iso_date(2030, 2, 2))
     assert state.is_failed() and "['stars'] not found" in state.message
     _, tasks = _flow_run(state)
     (download,) = [t for t in tasks if t.name.startswith("download")]
@@ -231,10 +239,10 @@ KITCHEN = ["The blender crushed ice in seconds and the jar washes clean", "This 
 def _new_reviews(folder) -> None:
     """Two exports of kitchen reviews (another domain than the demo's electronics); the newer one is read."""
     folder.mkdir()
-    old = folder / "2030-01-01.jsonl"
+    old = folder / f"{iso_date(2030, 1, 1)}.jsonl"
     old.write_text(json.dumps({"text": "old export", "rating": 5}) + "\n")
     rows = [{"text": f"{t}.", "rating": 5 if i % 2 else 1} for i, t in enumerate(KITCHEN * 3)]
-    new = folder / "2030-01-02.jsonl"
+    new = folder / f"{iso_date(2030, 1, 2)}.jsonl"
     new.write_text("".join(json.dumps(r) + "\n" for r in rows))
     import os
 
@@ -254,12 +262,12 @@ def test_new_reviews_are_scored_with_the_defense_against_the_test_accuracy_with_
     c = cfg.model_dump(mode="json")
     c["nightly"] = {"data_path": str(tmp_path / "drop")}
     (tmp_path / "night.yaml").write_text(yaml.safe_dump(c))
-    code = main(["reevaluate", "--config", str(tmp_path / "night.yaml"), "--night", "2030-03-01", "--json"])
+    code = main(["reevaluate", "--config", str(tmp_path / "night.yaml"), "--night", iso_date(2030, 3, 1), "--json"])
     out = capsys.readouterr().out
     s = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and s["verdict"] == "ok" and s["defense"] == "masked_ttt"
     new = s["new_data"]
-    assert new["n"] == 24 and new["source"].endswith("2030-01-02.jsonl")
+    assert new["n"] == 24 and new["source"].endswith(f"{iso_date(2030, 1, 2)}.jsonl")
     assert new["delta"] == pytest.approx(new["acc"] - new["acc_reference"])
     assert new["ci_low"] <= new["delta"] <= new["ci_high"] and new["with_defense"]["n_reference"] == 16
     d = new["drift"]
@@ -279,7 +287,7 @@ def test_reevaluate_without_a_champion_exits_non_zero_with_a_clear_message(setup
     c = cfg.model_dump(mode="json")
     c["registry"]["model_name"] = "empty-registry"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(c))
-    code = main(["reevaluate", "--config", str(tmp_path / "c.yaml"), "--night", "2030-03-02", "--json"])
+    code = main(["reevaluate", "--config", str(tmp_path / "c.yaml"), "--night", iso_date(2030, 3, 2), "--json"])
     cap = capsys.readouterr()
     s = json.loads(cap.out.strip().splitlines()[-1])
     assert code == 2 and s["verdict"] == "no_champion" and s["event"]["name"] == "ttt.nightly.no-champion"

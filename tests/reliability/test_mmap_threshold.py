@@ -1,5 +1,5 @@
 """The out-of-memory hints of fine-tune and evaluate name glibc's `MALLOC_MMAP_THRESHOLD_`: fixed at 4 MiB it kept
-the demo's peak 254 MB lower (under 2 GB) at 18% slower fine-tuning (docs/results.md, 2026-11-28), so it is the
+the demo's peak 254 MB lower (under 2 GB) at 18% slower fine-tuning (docs/benchmarks.md, Memory), so it is the
 user's choice, not a default. These tests check the hint and that the variable does what the hint says."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """oneDNN's primitive cache and ideep's computation cache are kept small in any process that imports the library's
 models: with their defaults (1024 entries each, one per shape) a bf16 layer run on many sequence lengths keeps
-hundreds of MB after its tensors are gone (measured 2026-11-28: the demo's fine-tuning left 300 MB allocated, each
-masked-TTT method 100 MB more, and longer fine-tuning kept 10 MB more per epoch, with no end)."""
+hundreds of MB after its tensors are gone (the demo's fine-tuning left about 300 MB allocated, each masked-TTT
+method about 100 MB more, and longer fine-tuning kept about 10 MB more per epoch, with no end)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def fresh_venv(model_dir, tmp_path_factory):
     print(f"\nfresh venv from the model's requirements.txt: {time.monotonic() - t0:.0f} s")
     yield venv
     # about 1.5 GB: not left for pytest's rotation of its tmp folders; removed in the background, since beside the
-    # tier's other runs the removal took 52-60 s of this worker's time (7 s alone, 2026-11-28)
+    # tier's other runs the removal takes about a minute of this worker's time (seconds alone)
     subprocess.Popen(["rm", "-rf", str(venv)], start_new_session=True, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
 
