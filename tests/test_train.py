@@ -251,8 +251,8 @@ def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_traini
     assert steps.finetune_inputs(on, Out(), Out()) == steps.finetune_inputs(load_config(None, []), Out(), Out())
     assert "activation_checkpointing=true" in steps._memory_hint(load_config(None, []), "fine-tune")
     assert "activation_checkpointing" not in steps._memory_hint(on, "fine-tune")
-    with pytest.raises(ConfigError, match="activation_checkpointing needs mode full"):
-        load_config(None, ["finetune.activation_checkpointing=true", "finetune.mode=frozen_encoder"])
+    frozen = load_config(None, ["finetune.activation_checkpointing=true", "finetune.mode=frozen_encoder"])
+    assert train._checkpointing(frozen.finetune) is False and train._checkpointing(on.finetune) is True
 
     class NoCheckpointing(torch.nn.Module):
         mlm_model = torch.nn.Linear(2, 2)

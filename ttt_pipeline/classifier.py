@@ -32,6 +32,7 @@ import numpy as np
 
 from ttt_pipeline.errors import ConfigError, PipelineError
 from ttt_pipeline.metrics import softmax
+from ttt_pipeline.modeling.layout import is_model_folder, model_folder  # noqa: F401 (model_folder: callers import it here)
 
 log = logging.getLogger(__name__)
 
@@ -219,14 +220,6 @@ class Classifier:
 # ---------------------------------------------------------------------- loading
 
 
-def model_folder(path: Path) -> Path | None:
-    """The saved classifier (meta.json + head.safetensors) at `path` or in its `model/` (a store entry)."""
-    for cand in (path, path / "model"):
-        if (cand / "meta.json").is_file() and (cand / "head.safetensors").is_file():
-            return cand
-    return None
-
-
 def mlflow_model_parts(path: Path) -> tuple[Path, dict[str, Any]] | None:
     """(classifier folder, stored inference configuration) of an MLflow Model folder logged by this package,
     read from its MLmodel file (YAML) without importing MLflow; None when `path` holds no MLmodel."""
@@ -272,8 +265,8 @@ def from_folder(folder: Path, config: dict[str, Any] | None = None, device: str 
     from ttt_pipeline.modeling.model import load_model, pick_device
 
     folder = Path(folder)
-    if not any((folder / "encoder").glob("*.safetensors")):
-        raise PipelineError(f"{folder}: no safetensors weights under encoder/",
+    if not any(f.suffix == ".safetensors" for sub in ("encoder", "classifier") for f in (folder / sub).glob("*")):
+        raise PipelineError(f"{folder}: no safetensors weights under encoder/ (or classifier/)",
                             "only models saved by ttt-pipeline (safetensors, no pickles) are loaded")
     dev = pick_device(device)
     model, tokenizer = load_model(folder, dev)

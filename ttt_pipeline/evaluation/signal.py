@@ -31,8 +31,8 @@ QUALITY_MASK_PROB = 0.15  # BERT's pre-training rate: perplexities comparable wi
 def mlm_quality(model, tokenizer, texts: list[str], max_length: int, batch_size: int, device, seed: int = 0,
                 limit: int = 512) -> dict | None:
     """Masked-token cross-entropy (nats), perplexity and top-1 accuracy of the MLM head on the first `limit`
-    texts; None when nothing could be masked (or `limit` is 0)."""
-    if limit <= 0 or not len(texts):
+    texts; None when nothing could be masked (or `limit` is 0), or the model has no MLM head."""
+    if limit <= 0 or not len(texts) or getattr(model, "mlm_head", None) is None:
         return None
     enc = encode_texts(tokenizer, list(texts[:limit]), max_length)
     rows = [{"input_ids": ids} for ids in enc["input_ids"]]

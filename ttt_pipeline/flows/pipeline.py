@@ -28,7 +28,8 @@ from ttt_pipeline.tasks.registry import register_task
 STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
               "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
               "evaluate": "score clean and corrupted test reviews under every method",
-              "attribute": "find the training reviews behind flipped predictions"}
+              "attribute": "find the training reviews behind flipped predictions",
+              "import-model": "load the classifier, match its labels to the data's, find an MLM head"}
 
 
 def _run(task_fn, *args, **kwargs):
@@ -53,7 +54,6 @@ def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
     reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
     cfg = config if config is not None else default_config()
-    logger = get_run_logger()
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     parent = tracker.start(cfg.tracking.run_name, tags={
@@ -85,6 +85,14 @@ def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
+    return finish(cfg, tracker, parent, logged, cached, model, data, t0)
+
+
+def finish(cfg: PipelineConfig, tracker: Tracker, parent: str, logged: dict, cached: dict[str, bool], model: dict,
+           data: dict, t0: float, extra: dict | None = None) -> dict:
+    """The run's summary (headline, statistics, cache hits), its MLflow metrics, the registry decision, the Prefect
+    artifact and the closing log line: what every flow that evaluates a model ends with."""
+    logger = get_run_logger()
     head = logged["headline"]
     summary = {
         "mlflow_run_id": parent,
@@ -97,6 +105,7 @@ def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
         "cached": cached,
         "model_path": model["path"],
         "wall_s": round(time.perf_counter() - t0, 2),
+        **(extra or {}),
     }
     tracker.metrics(parent, {**head, **logged["flat"], "cached_tasks": summary["cached_tasks"],
                              "wall_s": summary["wall_s"]})

@@ -93,11 +93,14 @@ def _no_champion_report(exc: NoChampion, tracking_uri: str, night: str) -> str:
 
 
 def _model_root(folder: Path) -> Path:
+    from ttt_pipeline.modeling.layout import is_model_folder
+
     for meta in sorted(Path(folder).rglob("meta.json"), key=lambda p: len(p.parts)):
-        if (meta.parent / "head.safetensors").is_file():
+        if is_model_folder(meta.parent):
             return meta.parent
-    raise PipelineError(f"no saved classifier (meta.json + head.safetensors) under {folder}",
-                        "the champion's source must be the `model` artifact logged by the fine-tune stage")
+    raise PipelineError(f"no saved classifier (meta.json + head.safetensors or classifier/) under {folder}",
+                        "the champion's source must be the `model` artifact logged by the fine-tune or "
+                        "import-model stage")
 
 
 def fetch_champion(tracker: Tracker, store, mv) -> dict:
@@ -239,6 +242,17 @@ def _check_labels(model: dict, data: dict) -> None:
     if list(trained_on.values()) != [scored_on[str(i)] for i in range(len(scored_on))]:
         raise PipelineError(f"the champion's labels {list(trained_on.values())} differ from the data's "
                             f"{list(scored_on.values())}", "pass the config (data section) the champion was trained with")
+
+
+def _model_length(cfg, model: dict):
+    """A classifier brought with `evaluate --model` is scored at the length it was evaluated at (its own limit
+    when that is below model.max_length)."""
+    meta = json.loads((Path(model["path"]) / "model" / "meta.json").read_text())
+    if meta.get("kind", "review_classifier") == "review_classifier" or meta["max_length"] == cfg.model.max_length:
+        return cfg
+    cfg = cfg.model_copy(deep=True)
+    cfg.model.max_length = meta["max_length"]
+    return cfg
 
 
 def _score_suites(cfg, data: dict, model: dict, night_seed: int, reference_seed: int) -> tuple[dict, dict]:
@@ -422,6 +436,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
                           mv.name, mv.version, mv.run_id, defense, night, night_seed, reference_seed)
     model = fetch_champion(tracker, open_store(cfg.store), mv)
     _check_labels(model, data)
+    cfg = _model_length(cfg, model)
     results, preds = _score_suites(cfg, data, model, night_seed, reference_seed)
     now = _figures(results, defense)
     prev = previous_night(tracker, mv.name, night)

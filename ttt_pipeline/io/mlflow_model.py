@@ -209,7 +209,7 @@ def resolve_reference(client, source: str) -> str:
     `models:/...` or `runs:/<run id>/<path>`."""
     from mlflow.exceptions import MlflowException
 
-    from ttt_pipeline.io.registry import MODEL_ARTIFACT, find_model_run
+    from ttt_pipeline.io.registry import MODEL_ARTIFACT, MODEL_STAGES, find_model_run
 
     if source.startswith("models:/"):
         return _registered(client, source)
@@ -223,7 +223,7 @@ def resolve_reference(client, source: str) -> str:
     if path:
         return f"{run.info.artifact_uri.rstrip('/')}/{path}"
     candidates = [run]
-    if run.data.tags.get("stage") != "finetune":  # a pipeline run: its fine-tune child holds the model
+    if run.data.tags.get("stage") not in MODEL_STAGES:  # a pipeline run: its fine-tune child holds the model
         child = find_model_run(client, run_id)
         candidates = [child] if child is not None else []
     for r in candidates:

@@ -38,6 +38,8 @@ from ttt_pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 CHAMPION = "champion"
 MODEL_ARTIFACT = "model"
+# The child runs that log a pipeline run's model: fine-tune trains it, import-model brings one trained elsewhere.
+MODEL_STAGES = ("finetune", "import-model")
 LOGGED_MODEL_NAME = "model"  # the MLflow Model a fine-tune run logs (io.mlflow_model)
 
 
@@ -174,14 +176,13 @@ def logged_model_id(client, run_id: str) -> str | None:
 
 
 def find_model_run(client, parent_run_id: str):
-    """The newest fine-tune child run of this pipeline run that logged a model (an MLflow Model, or a plain
-    `model` artifact folder), or None."""
+    """The newest fine-tune (or import-model) child run of this pipeline run that logged a model (an MLflow Model,
+    or a plain `model` artifact folder), or None. MLflow's search takes no IN for tags, so the stages are picked
+    from the run's children here."""
     parent = client.get_run(parent_run_id)
-    children = client.search_runs(
-        [parent.info.experiment_id],
-        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'finetune'",
-        order_by=["attributes.start_time DESC"])
-    for run in children:
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                  order_by=["attributes.start_time DESC"])
+    for run in (r for r in children if r.data.tags.get("stage") in MODEL_STAGES):
         if logged_model_id(client, run.info.run_id) or client.list_artifacts(run.info.run_id, MODEL_ARTIFACT):
             return run
     return None

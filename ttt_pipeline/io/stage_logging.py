@@ -80,6 +80,22 @@ def log_finetune(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model:
         log_classifier(tracker, run_id, out, cfg, data)
 
 
+def log_import(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model: bool = True,
+               data: StepOutput | None = None) -> None:
+    """A classifier brought with `evaluate --model`: where it came from, how its labels were matched, whether
+    masked TTT has an MLM head; with `log_model`, the classifier as this project's MLflow Model (as fine-tune
+    logs its own), so it is registered, served and re-evaluated alike."""
+    _common(tracker, run_id, out)
+    m = out.meta
+    tracker.params(run_id, {"model.classifier": cfg.model.classifier, "model.label_map": json.dumps(cfg.model.label_map),
+                            "ttt.mlm_from": cfg.ttt.mlm_from, "model_labels": json.dumps(m["model_labels"]),
+                            "label_order": json.dumps(m["order"]), "max_length": m["max_length"]})
+    tracker.tags(run_id, {"kind": m["kind"], "mlm_head": str(m["mlm_head"]).lower(), "mlm_note": m["mlm_note"],
+                          **({"architecture": m["architecture"]} if "architecture" in m else {})})
+    if log_model:
+        log_classifier(tracker, run_id, out, cfg, data)
+
+
 def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: StepOutput | None = None) -> str:
     """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.io.mlflow_model`):
     inference configuration = the run's recommended defense (`evaluation.default_defense`; `none` when it is

@@ -148,9 +148,25 @@ class ModelMeta:
     mlm_head_trained: bool = False
     extra: dict = field(default_factory=dict)
     pooling: str = "cls"  # models saved before pooling was an option used [CLS]
+    kind: str = "review_classifier"  # or hf_classifier.KIND: a sequence classifier fine-tuned elsewhere
 
 
-class ReviewClassifier(nn.Module):
+class MLMScoring:
+    """The MLM head's losses, for any model with `mlm_head` (an MLMHead) on the encoder that `encode` runs."""
+
+    def mlm_logits_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits only at `positions` (bool, B x T): the full-vocabulary map is never built."""
+        return self.mlm_head(hidden[positions])
+
+    def mlm_cross_entropy(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                          reduction: str = "mean") -> torch.Tensor:
+        """The MLM loss (in fp32) of the head's guesses at `positions` against the original tokens there: the one
+        definition warm-up, DAPT, joint training, TTT and its probes share."""
+        return nn.functional.cross_entropy(self.mlm_logits_at(hidden, positions).float(), input_ids[positions],
+                                           reduction=reduction)
+
+
+class ReviewClassifier(MLMScoring, nn.Module):
     """An encoder shared by a classification head and an MLM head (the TTT auxiliary task)."""
 
     def __init__(self, mlm_model: nn.Module, meta: ModelMeta):
@@ -173,17 +189,6 @@ class ReviewClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.classify_hidden(self.encode(input_ids, attention_mask), attention_mask)
-
-    def mlm_logits_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits only at `positions` (bool, B x T): the full-vocabulary map is never built."""
-        return self.mlm_head(hidden[positions])
-
-    def mlm_cross_entropy(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                          reduction: str = "mean") -> torch.Tensor:
-        """The MLM loss (in fp32) of the head's guesses at `positions` against the original tokens there: the one
-        definition warm-up, DAPT, joint training, TTT and its probes share."""
-        return nn.functional.cross_entropy(self.mlm_logits_at(hidden, positions).float(), input_ids[positions],
-                                           reduction=reduction)
 
 
 def build_classifier(model_cfg, label_names: list[str]):
@@ -214,11 +219,16 @@ def save_model(model: ReviewClassifier, tokenizer, out_dir: Path) -> Path:
 
 
 def load_model(model_dir: Path, device: str | torch.device = "cpu"):
-    """(ReviewClassifier, tokenizer) from a folder written by save_model; no remote code, no pickle."""
+    """(model, tokenizer) from a folder written by save_model (a ReviewClassifier) or by
+    hf_classifier.save_imported (a SequenceClassifier); no remote code, no pickle."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     model_dir = Path(model_dir)
     meta = ModelMeta(**json.loads((model_dir / "meta.json").read_text()))
+    if meta.kind != "review_classifier":  # a classifier fine-tuned elsewhere (ttt-pipeline evaluate --model)
+        from ttt_pipeline.modeling.hf_classifier import load_imported
+
+        return load_imported(model_dir, meta, device)
     mlm_model = AutoModelForMaskedLM.from_pretrained(model_dir / "encoder", trust_remote_code=False)
     model = ReviewClassifier(mlm_model, meta)
     model.head.load_state_dict(load_file(str(model_dir / "head.safetensors")))

@@ -586,6 +586,16 @@ def _end_epoch(loop: _Loop, epoch: int, row: dict, val_ds, work_dir: Path, resul
     return stop
 
 
+def _checkpointing(cfg) -> bool:
+    """finetune.activation_checkpointing where it has work to do: a frozen encoder has no backward pass to save
+    activations for, so there the setting is skipped with a note (a preset may turn it on for either mode)."""
+    if cfg.activation_checkpointing and cfg.mode == "frozen_encoder":
+        log.info("finetune.activation_checkpointing skipped: mode frozen_encoder runs no backward pass through the "
+                 "encoder")
+        return False
+    return cfg.activation_checkpointing
+
+
 def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir: Path,
              progress: Progress | None = None, unlabeled_ds=None, parallel=None) -> TrainResult:
     """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes).
@@ -610,7 +620,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     attention = resolve_attention(device, chosen.name, cfg.attention)
     with training_attention(model, attention), training_attention_dropout(model, cfg.attention_dropout), \
-            training_checkpointing(model, cfg.activation_checkpointing):
+            training_checkpointing(model, _checkpointing(cfg)):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
         loop = _build_loop(model, tokenizer, train_ds, cfg, device, amp, parallel)

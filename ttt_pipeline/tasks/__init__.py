@@ -2,7 +2,15 @@
 
 from .attribution import attribute_task
 from .registry import register_task
-from .stages import corrupt_task, download_task, evaluate_task, finetune_task, log_stage_task, tokenise_task
+from .stages import (
+    corrupt_task,
+    download_task,
+    evaluate_task,
+    finetune_task,
+    import_model_task,
+    log_stage_task,
+    tokenise_task,
+)
 
 __all__ = ["download_task", "tokenise_task", "finetune_task", "corrupt_task", "evaluate_task", "log_stage_task",
-           "register_task", "attribute_task"]
+           "register_task", "attribute_task", "import_model_task"]

@@ -63,6 +63,17 @@ def finetune_task(cfg: PipelineConfig, data: dict, tokens: dict) -> dict:
         rep.close()
 
 
+@task(name="import-model", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass,
+      cache_policy=NO_CACHE)
+def import_model_task(cfg: PipelineConfig, data: dict) -> dict:
+    """A classifier fine-tuned elsewhere (model.classifier), fetched (an MLflow model is downloaded each time;
+    its files key the store entry, which serves a repeat) and stored as the pipeline's model folder."""
+    from ttt_pipeline.io.model_source import fetched
+
+    with fetched(cfg.model.classifier, cfg.tracking.tracking_uri) as source:
+        return steps.import_model(cfg, _out(data), source, _store(cfg)).to_dict()
+
+
 @task(name="corrupt", cache_key_fn=step_cache("corrupt", lambda p: steps.corrupt_inputs(p["cfg"], _out(p["data"]))),
       **COMMON)
 def corrupt_task(cfg: PipelineConfig, data: dict) -> dict:
@@ -98,6 +109,8 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
         elif stage == "fine-tune":
             stage_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model,
                                        outs[1] if len(outs) > 1 else None)  # [model, data]
+        elif stage == "import-model":
+            stage_logging.log_import(tracker, run_id, outs[0], cfg, cfg.tracking.log_model, outs[1])
         elif stage == "corrupt":
             stage_logging.log_corrupt(tracker, run_id, outs[0], cfg)
         elif stage == "evaluate":

@@ -1,0 +1,59 @@
+"""The `evaluate-model` flow: a classifier fine-tuned elsewhere, scored like the pipeline's own.
+
+download -> import-model (in the place of tokenise and fine-tune) and corrupt -> evaluate, then the same summary,
+MLflow run and registry decision as `ttt-pipeline run` (`pipeline.finish`). The model is `model.classifier`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from ttt_pipeline import steps
+from ttt_pipeline.config import PipelineConfig, default_config
+from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.flows.pipeline import _run, finish
+from ttt_pipeline.flows.stopping import reclaim
+from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.storage import StepOutput
+from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, import_model_task, log_stage_task
+
+
+@flow(name="evaluate-model")
+def evaluate_model(config: PipelineConfig | None = None) -> dict:
+    """Score an existing classifier (model.classifier: a Hugging Face folder, an MLflow model URI or a hub id) on
+    clean, corrupted and shifted text under every defense it can run; no training."""
+    reclaim()
+    t0 = time.perf_counter()
+    cfg = config if config is not None else default_config()
+    if not cfg.model.classifier:
+        raise ConfigError("model.classifier is not set: there is no model to evaluate",
+                          "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI, or set model.classifier")
+    tracker = Tracker.from_config(cfg.tracking)
+    tracker.check()
+    parent = tracker.start(cfg.tracking.run_name, tags={
+        "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": "evaluate-model",
+        "model": cfg.model.classifier, "data": cfg.data.path})
+    tracker.params(parent, cfg.flat())
+    cached: dict[str, bool] = {}
+    try:
+        data, cached["download"] = _run(download_task, cfg)
+        log_stage_task(cfg, "download", [data], parent, cached["download"])
+        model, cached["import-model"] = _run(import_model_task, cfg, data)
+        log_stage_task(cfg, "import-model", [model, data], parent, cached["import-model"])
+        scored, notes = steps.evaluated_config(cfg, StepOutput(**model))
+        for note in notes:
+            get_run_logger().info("evaluate: %s", note)
+        corrupted, cached["corrupt"] = _run(corrupt_task, scored, data)
+        log_stage_task(scored, "corrupt", [corrupted], parent, cached["corrupt"])
+        evaluation, cached["evaluate"] = _run(evaluate_task, scored, data, model, corrupted)
+        logged = log_stage_task(scored, "evaluate", [evaluation], parent, cached["evaluate"])
+    except BaseException:
+        tracker.end(parent, "FAILED")
+        raise
+    if notes:
+        tracker.tags(parent, {"evaluate.notes": "; ".join(notes)})
+    return finish(scored, tracker, parent, logged, cached, model, data, t0,
+                  {"model": cfg.model.classifier, "notes": notes, "model_labels": model["meta"]["model_labels"]})
