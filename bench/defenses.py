@@ -1,95 +1,27 @@
 """Defenses side by side on real reviews: masked TTT against its no-gradient control and the practical alternatives.
 
-Data: MDSD electronics (../shared/data/mdsd; 4-class star rating 1,2,4,5 -> 0..3), shuffled with `--split-seed`
-(42, as bench/accuracy.py); the first 80% is the training pool, the rest the test pool. The first `--train-size` (1,400)
-reviews of the training pool train; its last `--val-size` (200) are the validation split: never trained on, never
-scored as test, and the only data any choice below looks at. Test: the first `--test-size` (400) reviews of the
-test pool. Shift: the first `--shift-size` (400) kitchen and books reviews (same shuffle), never trained on.
-A new `--split-seed` draws new test reviews (a fifth of them were test reviews under the old seed, on average).
+Data: MDSD electronics (4-class star rating), shuffled with `--split-seed`. The first 80% is the training pool: its
+first `--train-size` (1,400) reviews train, its last `--val-size` (200) validate and are the only data any choice
+reads. Test: the first `--test-size` (400) of the rest; shift: `--shift-size` kitchen and books reviews. Sets, all at
+severity 3: clean, the tutorial composite, `--char-family` and `--word-family` (test reviews with `--test-seed`,
+validation reviews once per `--val-seeds`); on the test reviews only, `--test-families` (misspelling) and
+`--external-families` (nlpaug's `ext:` generators: the held-out test of generalisation, never pooled with the own).
+Models, per training seed (`--seeds`), on bench/common.py's MODEL: the measured recipe (joint, MLM weight 0.5,
+class-weighted loss, [CLS] pooling, `--epochs` 4, precision auto) and, unless `--no-augment`, the same with robust
+training (`finetune.augment`: `--augment-share` of the reviews copied, each corrupted by one of `--augment-families`
+at severity 3 with `--augment-seed`). `--defenses` are `ttt.methods` names scored on the plain model, `--augmented`
+those scored on the robust one; masked methods once per `--mask-seeds`, with settings chosen per training seed among
+`--ttt-candidates` on the corrupted validation reviews. Differences are paired per review and pooled over training
+seeds, mask seeds and, where said, sets (ttt_pipeline.evaluation.stats.paired_difference).
 
-Sets, all at severity 3: clean; the tutorial composite (`tutorial-3`), one character family (`--char-family`,
-keyboard) and one word family (`--word-family`, word_swap) of the grid, corrupted with `--test-seed` (42); the
-validation split corrupted by the same three families once per `--val-seeds` (7 8 9); kitchen and books. On the
-test reviews only (never validated on, so the selection below never sees them): `--test-families` (misspelling: real
-human misspellings, the own suite) and `--external-families` (ext:keyboard, ext:ocr, ext:random_char, ext:spelling:
-another library's generators, nlpaug, the held-out test of generalisation), all at severity 3 with `--test-seed`.
-The pooled comparisons below (ttt_vs_control, ...) pool the own suite's corrupted sets; the external sets never.
+Default defense (rule version 3, fixed before the runs it governs): of the candidates with `--min-speed` reviews/s
+and a clean validation accuracy at most 1 point below none's, the one with the highest corrupted validation accuracy
+(three families x `--val-seeds`, pooled; ties: fewer components, then the first name; none eligible: `none`). A pick
+on the robustly trained model stands only if its paired validation difference against the best plain-model
+candidate has its 95% interval above 0: 200 validation reviews cannot rank a retrained model by point estimates.
 
-Models, per training seed (42, 43, 44), on MiniLM-L6 (or the encoder TTT_BENCH_MODEL names: bench/common.py MODEL;
-the JSON's "model"): the pipeline's measured recipe (joint, one pass, MLM weight 0.5, precision auto,
-class-weighted loss, no weighted sampler, [CLS] pooling, 4 epochs, as bench/accuracy.py), and the same recipe with
-robust training (`finetune.augment`: a copy of half the training reviews corrupted by one of `--augment-families`,
-tutorial and keyboard, at severity 3 with seed 1000, disjoint from the test seed 42 and the validation seed 7).
-The word family is therefore held out from robust training: its rows show robustness that was not trained in.
-
-Defenses (`ttt.methods` names): none, spell, mask_ensemble (masked TTT's no-gradient control), masked_ttt and its
-recipes (masked_ttt_views, masked_ttt_sgd, masked_ttt_lower_norm, masked_ttt_anchored), tent, tent_filtered, and
-the combinations spell+mask_ensemble, spell+masked_ttt, spell+masked_ttt_anchored, spell+tent_filtered; on the
-robustly trained model `augment` (no defense), augment+spell, augment+masked_ttt, augment+spell+masked_ttt. Masked
-methods are scored once per mask seed (0, 1, 2). Every difference is paired on the same reviews and pooled per
-review over training seeds, mask seeds and, where said, sets (`ttt_pipeline.evaluation.stats.paired_difference`).
-
-TTT settings: per training seed, masked_ttt is scored on the corrupted validation split (the three families pooled,
-mask seed 0) under each of `--ttt-candidates` (the tutorial settings, lr 1e-4, mask_prob 0.15); the most accurate
-(ties: the earlier, so the tutorial's) is used by every TTT engine of that seed (each recipe then fixes its own
-fields on top).
-
-Selection rule of the default defense, version 2 (written 2026-11-23 in session 17, committed before the run it
-governs was started; test reviews never enter it): candidates are every defense row except none, robust training
-included. Each is scored on the validation split: accuracy on its corrupted copies (three families and every
-`--val-seeds` draw pooled, over training and mask seeds), accuracy on the clean validation reviews and reviews/s
-over those validation sets. Eligible are the candidates with at least `--min-speed` (50) reviews/s whose clean
-validation accuracy is at most 1 point below none's. The default is the eligible one with the highest corrupted
-validation accuracy; exact ties go to the one with fewer components, then to the first name. With no eligible
-candidate the default is `none`.
-Version 3 (written 2026-11-26 in session 25, after run 7's results, so it governs the next run and is judged by it,
-not by run 7): when version 2's pick is on the robustly trained model (`augment...`) and an eligible candidate keeps the
-plain model, the pick stands only if its paired difference against the best such candidate (same order as above),
-on the corrupted validation sets pooled per review over training seeds, mask seeds and sets, has its 95% interval
-above 0; otherwise that plain-model candidate is the default. Why: a retrained model differs from the plain one on
-about a quarter of the reviews, so a point-estimate lead on 200 validation reviews does not rank them; in run 7 the
-version-2 pick, augment+spell (validation 0.641 against spell's 0.623), fell below spell on 9 of 11 test sets. A
-repair or TTT engine on the same model changes few predictions, and version 2's order among them is unchanged.
-Why version 2: version 1 (the runs up to session 16) counted candidates within 0.5 point of the best as tied and
-gave the tie to the fastest; in session 16 that tie (augment 0.5656, augment+spell 0.5628 on validation) was decided
-by 0.1 reviews/s, inside the timing noise, while speed already has its bar. On 200 validation reviews 0.5 point is
-one review per set and seed, so version 2 corrupts each validation review three times (one typo draw should not
-decide) and lets accuracy alone rank the eligible. Applied to session 16's validation scores, version 2 picks what
-version 1 picked (augment): it is not fitted to that run's test results.
-
-Output (`--json`: the last stdout line is one JSON object):
-- model: the encoder (bench/common.py MODEL);
-- rows: one per defense and set: defense, set, acc (mean over training and mask seeds), delta (minus none of the
-  plain model on the same reviews), ci_low, ci_high, reviews_per_s (and trained_on for robust training's rows on
-  corrupted sets);
-- drop: clean minus tutorial-composite accuracy without defense, with its interval;
-- default: name, recovered_fraction (its gain over none on the tutorial composite over the drop, the seed means'
-  ratio) with recovered_ci, clean_change and shift_change (kitchen and books pooled; by domain too), each with
-  {delta, ci_low, ci_high}, reviews_per_s, and the validation scores the choice was made on;
-- ttt_vs_control (masked_ttt minus mask_ensemble) and ttt_on_top_of_spell (spell+masked_ttt minus spell), both
-  pooled over the three corrupted sets; recipes_vs_control for every masked TTT recipe; augment: robust training
-  against none on the families it trained on and on the held-out ones;
-- generalisation: own suite against external generators per defense (`gains`: own, external, pooled), every
-  defense's `worst_case` (its lowest paired change over all scored sets, clean and shift included, and `harm`: any
-  set's interval wholly below 0, with `harmed_sets`), and for the default the recovered fraction of the drop on each
-  corrupted set and on the external sets pooled (`external_pooled`), each with its drop and interval (`fractions`:
-  the same for every defense);
-- estimated_full_run_s: the full run's duration predicted from this run's measured reviews/s per defense.
-With `--keep-validation PATH` the validation scores the selection read are written to PATH (.npz): `load_validation`
-reads them back, and `select_default` on them gives the run's default again, or what a later rule version picks.
-
-Run: `.venv/bin/python bench/defenses.py --json`, or `--quick` (a smoke run on a few reviews, for the tests; about
-20 minutes on the busy 2-core machine). The full run is 3 training seeds x (14 defenses on the plain model and 4 on
-the robustly trained one), the 11 masked ones x 3 mask seeds, each on 2,400 test and 800 validation reviews: about
-13 hours on the idle 2-core machine.
-That estimate comes from per-defense speeds measured 2026-11-23 on 64 tutorial-corrupted electronics reviews
-(128 tokens, batch 32, the mdsd-electronics preset's model) while the machine ran other jobs (load 5-7 on 2 cores):
-none 11.1, spell 10.8, mask_ensemble 3.2, masked_ttt 2.8, masked_ttt_views 1.2, masked_ttt_sgd 1.3,
-masked_ttt_lower_norm 3.8, masked_ttt_anchored 1.6, tent 4.3, tent_filtered 6.1, spell+masked_ttt 2.6
-reviews/s, which make 46 hours of scoring at that load; masked TTT runs 3.8x faster on the idle machine (10.7
-reviews/s, README), hence about 12 hours of scoring plus about an hour of training. `--seeds`, `--mask-seeds`,
-`--defenses` and `--no-augment` shorten it. `estimated_full_run_s` in the JSON repeats the estimate from each
-run's own speeds (rough from a --quick run: small batches, short reviews, cold caches).
+`--json`: one JSON object on the last stdout line (rows per defense and set, drop, the default and its recovered
+fraction, ttt_vs_control, worst cases and harm flags). `--quick`: a smoke run; the full run: half a day on 2 cores.
 """
 
 from __future__ import annotations

@@ -1,45 +1,26 @@
-"""Speed and memory of the pipeline's hot paths, side by side in one run on the same reviews (issue 37).
+"""Speed and memory of the pipeline's hot paths, side by side in one run on the same reviews.
 
-Data: MDSD electronics (../shared/data/mdsd, bench/accuracy.py's reader and split seed 42: 4-class star rating), or
-the shipped demo reviews (polarity, the demo preset's label map) where MDSD is absent. `--train-size` reviews train,
-`--test-size` are scored; the corrupted copies use the tutorial composite at severity 3 (seed 42).
+Data: MDSD electronics (bench/accuracy.py's reader and split), or the shipped demo reviews where MDSD is absent;
+`--train-size` reviews train, `--test-size` are scored, corrupted by the tutorial composite (severity 3, seed 42).
+Encoder: bench/common.py's MODEL (the JSON's "model"). Each figure is a ratio to a reference measured in this run:
+- `finetune_speedup`: training samples/s of the presets' recipe (`precision: auto`) over the torch-ttt tutorial's
+  loop (bench/accuracy.py), same reviews and epochs, MLM warm-ups excluded; `clean_delta`: the recipe's clean
+  accuracy minus the tutorial's (paired interval); `roofline`: matmul GFLOP per training sample (torch's
+  FlopCounterMode), a sustained GEMM rate at MiniLM's FFN shape and each recipe's share of it;
+  `finetune_speedup_ceiling`: the most `finetune_speedup` can reach here without less arithmetic per sample.
+- `ttt_fraction_of_limit`: masked TTT reviews/s over a quarter of the plain forward rate (a TTT step costs about
+  four forwards), same model, padding, precision and batch.
+- `repair_reviews_per_s`: `spell` alone, fresh word caches; `predict_reviews_per_s`: the model alone;
+  `spell_overhead`: time(spell + model) / time(model) - 1; `spell_overhead_repair_alone`: time(repair) /
+  time(model), the repair's share without the model's own variation from call to call (10-20%).
+- `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against `mlflow models serve` (method `spell`).
+- `peak_rss_mb`: per stage, this process's VmHWM reset at the stage's start (scoring: the largest over repeats);
+  `precision_check`: bf16 against fp32 on one linear layer, and whether `precision: auto` picked the faster.
+Scoring figures: median and [min, max] of `--repeats`; each repeat times masked TTT, the model, spell + model and the
+repair back to back, a ratio divides runs of one repeat. Each recipe trains once. Compare one CPU kind (`machine`).
 
-Each figure is a ratio to a reference measured in this run, on the same reviews:
-- `finetune_speedup`: training samples/s of the default recipe (the library's `finetune` with the preset's finetune
-  section, `precision: auto`) over the torch-ttt tutorial's loop (bench/accuracy.py `tutorial_train`: padding to
-  128 tokens, the MLM head on every token), same reviews and epochs, the MLM warm-ups excluded from both.
-  `clean_delta`: the recipe's clean accuracy minus the tutorial's on the same test reviews (paired interval).
-- `ttt_fraction_of_limit`: masked TTT reviews/s over a quarter of the plain forward rate of the same model at the
-  same padding (the library's predict: trailing padding trimmed), precision and batch; one TTT step costs about
-  four forward passes (the step's forward and backward, the prediction).
-- `repair_reviews_per_s`: `spell` alone on the corrupted test reviews, a fresh repair (empty word caches) per
-  repeat, its dictionary built once, untimed;
-  `predict_reviews_per_s`: the model alone; `spell_overhead`: time(spell + model) / time(model) - 1;
-  `spell_overhead_repair_alone`: time(repair) / time(model), the same share without the model's run-to-run noise
-  (the same model's time on the same reviews varied by 10-20% from one call to the next, emulated AVX2,
-  2026-11-28, against a repair of 3-4% of it; the repaired reviews, 10% fewer tokens, scored no faster).
-- `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against a real `mlflow models serve` of the
-  model (its default method, the presets' recommended `spell`).
-- `peak_rss_mb`: per stage, this process's VmHWM after resetting it at the stage's start (/proc/self/clear_refs);
-  scoring stages: the largest over repeats.
-- `precision_check`: a 384x1536 linear layer's forward and backward under bf16 autocast over fp32 (`bf16_over_fp32`)
-  and whether `precision: auto` picked the faster one on this CPU (`auto_picks_faster`).
-- `roofline`: how close each recipe's training runs to this machine's arithmetic. `gflop_per_sample`: the matmul
-  FLOPs of one training sample's forward and backward (torch's FlopCounterMode on one batch: the tutorial's at 128
-  tokens; the recipe's at the mean padded width of its length-grouped batches over the run's epochs, reviews at
-  least that long); `gemm_gflops`: a sustained matrix product at MiniLM's FFN shape (4096x384 by 384x1536) in each
-  recipe's precision; `of_gemm`: samples/s x GFLOP/sample over that rate. `finetune_speedup_ceiling`: the
-  recipe's samples/s at the GEMM rate over the tutorial's measured samples/s, the most `finetune_speedup` can
-  reach on this machine without less arithmetic per sample (fewer tokens or fewer trained layers).
-The encoder of both recipes is bench/common.py's MODEL: MiniLM-L6 (the presets' model.name), or the one the
-environment variable TTT_BENCH_MODEL names (`--set model.name=...` changes the recipe's alone); the JSON's "model".
-Scoring figures are timed `--repeats` times (default 3) and given as median and [min, max]; each repeat times masked
-TTT, the model alone, spell + model and the repair back to back, and a ratio divides runs of one repeat. Each recipe
-trains once.
-Every run prints `machine` (CPU kind, native bf16, threads, torch): compare timings of one CPU kind only.
-
-    .venv/bin/python bench/speed.py --json            # MDSD: about 15 min on 2 cores
-    .venv/bin/python bench/speed.py --quick --json    # smoke: tiny sizes, about 2 min
+    .venv/bin/python bench/speed.py --json            # MDSD: about 10-15 min on 2 cores
+    .venv/bin/python bench/speed.py --quick --json    # smoke: tiny sizes
 Last stdout line: one JSON object.
 """
 
@@ -161,7 +142,7 @@ def spread(values: list[float], digits: int = 3) -> dict:
 
 def precision_figures(rows: int, repeats: int) -> dict:
     """A 384x1536 linear layer's forward and backward (MiniLM's FFN) in fp32 and under bf16 autocast: what
-    `precision: auto` decides, measured (on an AVX2-only CPU bf16 is emulated: 17.6x slower, 2026-11-24)."""
+    `precision: auto` decides, measured (on an AVX2-only CPU bf16 is emulated, and many times slower)."""
     torch.manual_seed(0)
     layer, x = torch.nn.Linear(384, 1536), torch.randn(rows, 384, requires_grad=True)
 

