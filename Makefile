@@ -52,8 +52,8 @@ run: setup
 # that need the real MiniLM encoder carry the `bench` marker: `make test-bench` (minutes each; CI does not run them).
 # make test and make test-slow run two test files at a time (pytest-xdist, one file per worker), each worker and the
 # processes it starts on its own share of the cores (TTT_TEST_PIN_WORKERS, tests/workers.py), so torch's threads do
-# not oversubscribe them (2 cores, AVX512, 2026-11-27): test 146 s against 226 s one file at a time; test-slow 434 s
-# against 670-697 s, and 589 s on two unpinned workers. TEST_WORKERS=0 / SLOW_WORKERS=0: one at a time, in this process.
+# not oversubscribe them; unpinned workers each took every core and ran slower than one file at a time.
+# TEST_WORKERS=0 / SLOW_WORKERS=0: one at a time, in this process (for --pdb).
 PINNED_PYTEST = TTT_TEST_PIN_WORKERS=1 $(BIN)/python -m pytest -q --dist loadfile
 TEST_WORKERS ?= 2
 SLOW_WORKERS ?= 2
@@ -76,8 +76,8 @@ lint: setup
 	$(BIN)/python scripts/function_length.py ttt_pipeline bench --max 80
 
 # Two test files at a time (pytest-xdist, one file per worker: a file's servers and module fixtures stay in one
-# process): the tier waits on servers, pip and subprocesses more than it computes (one file at a time: 25 min wall,
-# 11.7 min CPU on 2 cores, 2026-11-27). INTEGRATION_WORKERS=0 runs them in this process, one after another.
+# process): the tier waits on servers, pip and subprocesses more than it computes, so two files overlap their waits.
+# INTEGRATION_WORKERS=0 runs them in this process, one after another.
 INTEGRATION_WORKERS ?= 2
 test-integration: setup
 	$(BIN)/python -m pytest -q -m integration -n $(INTEGRATION_WORKERS) --dist loadfile $(PYTEST_ARGS)
