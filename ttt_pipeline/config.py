@@ -186,7 +186,7 @@ class FinetuneConfig(Section):
         None, ge=0, lt=1, description="Dropout on the encoder's attention probabilities while fine-tuning (null: the "
         "checkpoint's own, 0.1 for BERT and MiniLM). 0 lets attention run fused without its score matrices: on "
         "MiniLM at 32x128 tokens a step needs about 40% less activation memory and runs about 20% faster "
-        "(docs/results.md). Training only: the saved model keeps the checkpoint's value.")
+        "(docs/benchmarks.md). Training only: the saved model keeps the checkpoint's value.")
     mlm_warmup_max_steps: int = Field(400, ge=0, description="Cap of the MLM-head warm-up (head-less encoders).")
     mlm_warmup_lr: float = Field(1e-3, gt=0, description="Learning rate of the MLM-head warm-up.")
     mlm_warmup_patience: int = Field(30, ge=1, description="Steps without 1% improvement before the plateau stop.")
@@ -208,7 +208,7 @@ class FinetuneConfig(Section):
     attention: Literal["auto", "eager", "sdpa"] = Field(
         "auto", description="The encoder's attention while fine-tuning (transformers' attn_implementation). auto: "
         "eager under bf16 on a CPU, where the fused (sdpa) attention's backward is slower (MiniLM's step 10% faster "
-        "at attention dropout 0.1, 20% at 0: docs/results.md), else the checkpoint's own. sdpa with "
+        "at attention dropout 0.1, 20% at 0: docs/benchmarks.md), else the checkpoint's own. sdpa with "
         "attention_dropout 0 keeps no attention score matrices: less memory. Training only: the saved model keeps "
         "the checkpoint's own.")
     compile: bool = Field(False, description="torch.compile the model before training.")

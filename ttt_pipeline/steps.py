@@ -22,7 +22,7 @@ from ttt_pipeline.version import __version__
 Progress = Callable[[str, int, int, dict], None]
 log = logging.getLogger(__name__)
 VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "4"}
-# evaluate 4: `spell` reads digits in words as the letters they stand for (its `glyphs` fix, 2026-11-26)
+# evaluate 4: `spell` reads digits in words as the letters they stand for (its `glyphs` fix)
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 # activation_checkpointing recomputes the same forward with the same dropout draws (tests/test_train.py).
@@ -63,8 +63,7 @@ def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
         "finetune.activation_checkpointing=true keeps only each layer's input (the same weights, a slower step); ")
     half = min(ttt.sub_batch_tokens, 2048) // 2 if ttt.sub_batch_tokens else 2048  # null or 0: off
-    # not a default: the demo's peak 254 MB lower, its fine-tuning 18% slower (docs/results.md, 2026-11-28, measured
-    # before ideep's cache was capped)
+    # not a default: it lowers the demo's peak but slows fine-tuning (docs/benchmarks.md, memory)
     heap = "; with glibc, MALLOC_MMAP_THRESHOLD_=4194304 in the environment returns freed activations to the " \
            "system (slower steps)" if sys.platform.startswith("linux") else ""
     sub_batches = f"ttt.sub_batch_tokens={half} adapts in smaller sub-batches (the same loss and step, up to " \

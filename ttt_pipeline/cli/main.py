@@ -50,7 +50,7 @@ def _few_malloc_arenas(arenas: int = 2) -> None:
 def _system_arrow_pool() -> None:
     """pyarrow's default pool (mimalloc) reserves 1 GiB of address space when `datasets` loads: no resident memory,
     but under `ulimit -v 4000000` the demo on 64 training reviews ran out in evaluate at 4.27 GB of address
-    space; with the system allocator it completes (measured 2026-11-27). The run's few Arrow tables (tokenised
+    space; with the system allocator it completes. The run's few Arrow tables (tokenised
     datasets, predictions) do not need mimalloc. ARROW_DEFAULT_MEMORY_POOL in the environment wins."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 

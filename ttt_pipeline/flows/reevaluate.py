@@ -60,7 +60,7 @@ def night_of(scheduled: dt.datetime | None = None) -> str:
 
 
 def seed_for(night: str) -> int:
-    """A different, reproducible corruption seed each night: 2025-01-31 -> 20250131."""
+    """A different, reproducible corruption seed each night: the date's digits (YYYY-MM-DD -> YYYYMMDD)."""
     return int(night.replace("-", ""))
 
 

@@ -136,7 +136,7 @@ def resolve_attention(device: torch.device | str, precision: str, attention: str
     """auto: eager under bf16 on a CPU, else the checkpoint's own. Why: on a CPU with native bf16 (AVX512, torch
     2.13) the fused attention's bf16 backward is the slow part of a step; eager attention ran MiniLM's joint step
     at 32x128 tokens in 0.76 s instead of 0.97 s with attention dropout 0, 0.93 instead of 1.03 with 0.1, while in
-    fp32 both ran alike (docs/results.md). Eager keeps the attention score matrices for the backward: more memory."""
+    fp32 both ran alike (docs/benchmarks.md). Eager keeps the attention score matrices for the backward: more memory."""
     if attention not in ("auto", "eager", "sdpa"):
         raise ConfigError(f"{field}={attention!r} is not an attention implementation", "use auto, eager or sdpa")
     if attention != "auto":
