@@ -336,3 +336,29 @@ def test_an_encoder_that_cannot_switch_its_attention_fails_when_asked_and_keeps_
     with training_attention(Fixed(), resolve_attention("cpu", "fp32")), \
             training_attention(Fixed(), resolve_attention("cpu", "fp32", "sdpa")):
         pass  # nothing to switch
+
+
+def test_the_cpu_optimizer_is_fused_and_trains_the_unfused_weights_up_to_rounding(make_tiny_clf, tmp_path,
+                                                                                   monkeypatch):
+    """AdamW's fused kernel on a CPU: one update for every tensor at once, the same arithmetic as the per-tensor
+    loop; two epochs of the tiny model end within float rounding of the unfused run."""
+    import ttt_pipeline.modeling.train as train
+
+    made, adamw = [], torch.optim.AdamW
+
+    def recording(params, *, fused_off: bool, **kw):
+        opt = adamw(params, **{**kw, "fused": False if fused_off else kw.get("fused")})
+        made.append(bool(opt.defaults.get("fused")))
+        return opt
+
+    weights = {}
+    for off in (False, True):
+        monkeypatch.setattr(train.torch.optim, "AdamW", lambda p, off=off, **kw: recording(p, fused_off=off, **kw))
+        model, tok = make_tiny_clf(("neg", "pos"))
+        cfg = FinetuneConfig(epochs=2, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
+                             mlm_warmup_max_steps=0, device="cpu")
+        train.finetune(model, tok, _tiny_ds(tok, 4), _tiny_ds(tok, 4), cfg, tmp_path / f"fused-{not off}")
+        weights[off] = torch.cat([q.detach().flatten() for q in model.parameters()])
+    assert made == [True, False]
+    assert not torch.equal(weights[False], weights[True])  # two kernels, not one run twice
+    torch.testing.assert_close(weights[False], weights[True], rtol=1e-4, atol=1e-5)

@@ -175,9 +175,13 @@ class Classifier:
     def prepare(self, method: str | None = None, **overrides) -> "Classifier":
         """Build what a method needs before the first call (spell's dictionary and index take about a second);
         returns self."""
+        from ttt_pipeline.evaluation.scoring import plain_precision
+
         name, ttt = self.settings(method, **overrides)
         with self._lock:
             self._repairs(name, ttt)
+        chosen = plain_precision(self.device, ttt)
+        log.info("%s: scoring precision %s (%s)", self.source or "classifier", chosen.name, chosen.reason)
         return self
 
     def predict_logits(self, texts: Iterable[str], method: str | None = None,

@@ -21,8 +21,9 @@ from ttt_pipeline.version import __version__
 
 Progress = Callable[[str, int, int, dict], None]
 log = logging.getLogger(__name__)
-VERSIONS = {"download": "1", "tokenise": "1", "finetune": "2", "corrupt": "2", "corrupt-set": "1", "evaluate": "4"}
-# evaluate 4: `spell` reads digits in words as the letters they stand for (its `glyphs` fix)
+VERSIONS = {"download": "1", "tokenise": "1", "finetune": "3", "corrupt": "2", "corrupt-set": "1", "evaluate": "5"}
+# finetune 3: AdamW fused on a CPU too (the same update up to float rounding); evaluate 5: a plain forward pass
+# (`none`, the repairs) autocasts by ttt.precision, as the engines do
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
 # to on this machine (bf16 where the CPU runs it natively, fp32 elsewhere), so each machine caches what it ran.
 # activation_checkpointing recomputes the same forward with the same dropout draws (tests/test_train.py).
@@ -391,6 +392,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     predicted class and class probabilities), so any comparison can be made paired, after the fact."""
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation import grid
+    from ttt_pipeline.evaluation.scoring import plain_precision
     from ttt_pipeline.modeling.model import load_model, pick_device
 
     sets_meta = corrupt_out.meta["sets"]
@@ -403,6 +405,8 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
 
         set_threads()
         device = pick_device(cfg.finetune.device)
+        plain = plain_precision(device, cfg.ttt)
+        log.info("scoring precision %s: %s", plain.name, plain.reason)
         ds, _ = load_prepared(data.path)
         model, tokenizer = load_model(Path(model_out.path) / "model", device)
         sets = _test_sets(ds, corrupt_out, chosen, with_clean)
@@ -414,7 +418,8 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         (tmp / "results.json").write_text(json.dumps({"rows": rows, "samples": samples,
                                                        "label_names": model.meta.label_names}, indent=1))
         _write_predictions(preds, tmp / "predictions.parquet")
-        return {"n_rows": len(rows), "n_predictions": sum(len(p["pred"]) for p in preds)}
+        return {"n_rows": len(rows), "n_predictions": sum(len(p["pred"]) for p in preds),
+                "precision": plain.name, "precision_reason": plain.reason}
 
     return store.run("evaluate", inputs, _guarded(cfg, "evaluate", build), _v("evaluate"))
 

@@ -16,8 +16,10 @@ from ttt_pipeline.modeling.train import make_collate
 
 
 def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int, engine=None,
-            device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Class logits for texts; `engine` (TTT/Tent) adapts per unit and restores, else a plain forward.
+            device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
+            amp: torch.dtype | None = None) -> np.ndarray:
+    """Class logits for texts; `engine` (TTT/Tent) adapts per unit and restores, else a plain forward, under
+    autocast to `amp` when given (`plain_precision`; the engines autocast by the same rule themselves).
 
     The texts are one stream: the engine is closed when they are done, so an online engine's adapted weights
     never outlive the set they were adapted on (the next set, and plain scoring, see the source weights).
@@ -32,7 +34,8 @@ def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int
             b = collate(rows[i:i + batch_size])
             ids, am = b["input_ids"].to(device), b["attention_mask"].to(device)
             if engine is None:
-                with torch.inference_mode():
+                with torch.inference_mode(), torch.autocast(torch.device(device).type, dtype=amp,
+                                                            enabled=amp is not None):
                     logits = model(ids, am)
             else:
                 logits = engine.predict(ids, am)
@@ -66,8 +69,18 @@ def score_texts(model, tokenizer, texts: list[str], method: str, settings, max_l
     for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
         texts = fix(texts)
     engine = registry.build_engine(m, model, tokenizer, settings)
-    logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress)
+    amp = plain_precision(device, settings).dtype if engine is None else None
+    logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress, amp)
     return logits, dict(getattr(engine, "stats", {}))
+
+
+def plain_precision(device: torch.device | str, settings):
+    """The precision of a plain forward pass (`none` and every repair): `ttt.precision` on this device, the rule the
+    engines apply (modeling/precision.py: bf16 on CUDA and on CPUs that run it natively, fp32 on the others), so
+    prediction, evaluation and the served model use the CPU's bf16 matrix units where it has them."""
+    from ttt_pipeline.modeling.precision import resolve_precision
+
+    return resolve_precision(torch.device(device), settings.precision, "ttt.precision")
 
 
 def score(logits: np.ndarray, labels: list[int], n: int) -> dict:

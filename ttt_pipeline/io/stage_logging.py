@@ -174,6 +174,8 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
 
     for out in outs:
         _common(tracker, run_id, out)
+    if outs and outs[0].meta.get("precision"):  # what ttt.precision resolved to for a plain forward here, and why
+        tracker.tags(run_id, {"precision": outs[0].meta["precision"], "precision_reason": outs[0].meta["precision_reason"]})
     tracker.params(run_id, flatten(cfg.ttt.model_dump(mode="json"), "ttt."))  # ttt.spell.max_edit_distance, ...
     tracker.params(run_id, {f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump(mode="json").items()})
     rows = results["rows"]
