@@ -209,3 +209,33 @@ def test_each_defense_owns_a_section_of_ttt():
     # a model logged before the move keeps its settings under the new names
     assert known_settings({"method": "spell", "spell_max_edit_distance": 1, "anchor_kl_budget": 0.1}, "old") == {
         "method": "spell", "spell.max_edit_distance": 1, "masked_ttt_anchored.kl_budget": 0.1}
+
+
+def test_flow_config_takes_a_preset_by_name_with_typed_overrides():
+    from ttt_pipeline.config import flow_config
+
+    assert flow_config() == load_config("demo")  # no parameter: the demo preset
+    cfg = flow_config(preset="mdsd-electronics", overrides={"finetune.epochs": 1, "ttt": {"tent": {"lr": 1e-3}},
+                                                           "data.shift": {}})
+    want = load_config("mdsd-electronics", ["finetune.epochs=1", "ttt.tent.lr=1e-3", "data.shift={}"])
+    assert cfg == want  # the same as --set; a dict-valued field (data.shift) is replaced, not merged
+
+
+def test_flow_config_a_given_config_wins_over_the_deployments_preset():
+    """Prefect merges a run's parameters into the deployment's: `config` arrives beside `preset: demo`."""
+    from ttt_pipeline.config import flow_config
+
+    mdsd = load_config("mdsd-electronics")
+    assert flow_config(mdsd, "demo", {}) is mdsd
+    assert flow_config(mdsd, "demo", {"finetune": {"epochs": 1}}).finetune.epochs == 1
+    assert flow_config(mdsd, "demo", {"finetune": {"epochs": 1}}).data == mdsd.data
+
+
+@pytest.mark.parametrize("overrides, field", [({"finetune.epochs": "two"}, "finetune.epochs"),
+                                               ({"finetun": {"epochs": 2}}, "finetun")])
+def test_flow_config_bad_overrides_name_the_field(overrides, field):
+    from ttt_pipeline.config import flow_config
+
+    with pytest.raises(ConfigError, match=f"config field '{field}'") as err:
+        flow_config(preset="demo", overrides=overrides)
+    assert "overrides" in err.value.message and err.value.hint

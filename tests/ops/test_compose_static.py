@@ -135,39 +135,122 @@ def test_dockerfile():
     assert re.search(r"pip install -e \.", text) and re.search(r"^USER (?!root)", text, re.M)
 
 
+def _deployments() -> dict:
+    return {d["name"]: d for d in load("prefect.yaml")["deployments"]}
+
+
 def test_prefect_yaml():
     doc = load("prefect.yaml")
-    deps = {d["name"]: d for d in doc["deployments"]}
-    assert set(deps) == {"ttt-pipeline", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation"}
-    assert deps["ttt-pipeline"]["work_pool"]["name"] == "cpu" and not deps["ttt-pipeline"]["schedules"]
+    deps = _deployments()
+    assert set(deps) == {"ttt-pipeline", "evaluate-model", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation"}
+    for name in ("ttt-pipeline", "evaluate-model"):
+        assert deps[name]["work_pool"]["name"] == "cpu" and not deps[name]["schedules"], name
     assert deps["fine-tune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"
-    (sched,) = deps["nightly-reevaluation"]["schedules"]
-    assert sched["cron"] and sched["timezone"] and sched["active"] is True
     for d in deps.values():
         assert ":" not in d["entrypoint"]  # module paths: imported from the installed package
     assert doc["pull"] == [{"ttt_pipeline.flows.stages.enter_pipeline_home": {}}]
+    assert "definitions" not in doc  # no copy of a preset: the form names one
 
 
-def test_both_started_deployments_set_their_config_to_the_flows_default_the_demo_preset():
-    """The UI's Run button and the nightly schedule run the deployment's parameters: a complete, working config."""
+def test_prefect_yaml_is_valid_for_prefect_deploy():
+    """The shape `prefect deploy` reads (its own model), and the schedule and limit it hands to the server."""
+    from prefect.cli.deploy._models import PrefectYamlModel
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
+    from prefect.client.schemas.schedules import CronSchedule
+
+    doc = PrefectYamlModel.model_validate(load("prefect.yaml"))
+    nightly = {d.name: d for d in doc.deployments}["nightly-reevaluation"]
+    (sched,) = nightly.schedules
+    assert sched.active is True and sched.cron == "30 1 * * *" and sched.timezone == "UTC"  # no DST gap in UTC
+    CronSchedule(cron=sched.cron, timezone=sched.timezone)
+    limit = ConcurrencyLimitConfig.model_validate(nightly.concurrency_limit.model_dump(exclude_none=True))
+    assert limit.limit == 1 and limit.collision_strategy.value == "CANCEL_NEW"  # an overrunning night: next cancelled
+
+
+def test_started_deployments_name_a_preset_with_overrides():
+    """The UI's Run button and the nightly schedule run the deployment's parameters: preset demo, no overrides,
+    which the flows resolve (on the worker, when the run starts) to the demo preset."""
     import inspect
 
-    from ttt_pipeline.config import PipelineConfig, load_config
+    from ttt_pipeline.config import flow_config, load_config
+    from ttt_pipeline.flows.evaluate_model import evaluate_model
     from ttt_pipeline.flows.pipeline import ttt_pipeline
     from ttt_pipeline.flows.reevaluate import nightly_reevaluation
 
-    demo = load_config("demo")
-    deps = {d["name"]: d for d in load("prefect.yaml")["deployments"]}
-    for name in ("ttt-pipeline", "nightly-reevaluation"):
-        cfg = PipelineConfig.model_validate(deps[name]["parameters"]["config"])
-        # the worker reads data/demo/ in its project home, the folder that links to the preset's bundled reviews
-        assert (REPO / cfg.data.path).resolve() == Path(demo.data.path), name
-        cfg.data.path = demo.data.path
-        assert cfg == demo, name
+    deps = _deployments()
+    flows = {"ttt-pipeline": ttt_pipeline, "evaluate-model": evaluate_model,
+             "nightly-reevaluation": nightly_reevaluation}
+    for name, fl in flows.items():
+        params = fl.validate_parameters(deps[name]["parameters"])  # as Prefect checks them against the flow
+        assert params["preset"] == "demo" and params["overrides"] == {}, name
+        assert flow_config(params.get("config"), params["preset"], params["overrides"]) == load_config("demo")
+        for arg in ("config", "preset", "overrides"):  # no parameter: the demo preset, read when the flow runs
+            assert inspect.signature(fl.fn).parameters[arg].default is None, (name, arg)
     assert {"threshold", "reference_seed"} <= set(deps["nightly-reevaluation"]["parameters"])
-    for fl in (ttt_pipeline, nightly_reevaluation):  # no config: the demo preset, read when the flow runs
-        assert inspect.signature(fl.fn).parameters["config"].default is None, fl.name
     assert nightly_reevaluation.retries == 0  # no champion (or a regression) fails once, not after retries
+
+
+def test_the_forms_preset_mdsd_electronics_runs_that_preset():
+    from ttt_pipeline.config import flow_config, load_config
+    from ttt_pipeline.flows.evaluate_model import evaluate_model
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.reevaluate import nightly_reevaluation
+
+    deps = _deployments()
+    for name, fl in {"ttt-pipeline": ttt_pipeline, "nightly-reevaluation": nightly_reevaluation}.items():
+        params = fl.validate_parameters({**deps[name]["parameters"], "preset": "mdsd-electronics"})
+        cfg = flow_config(params.get("config"), params["preset"], params["overrides"])
+        assert cfg == load_config("mdsd-electronics"), name
+        assert cfg.attribution.enabled and cfg.tracking.experiment == "mdsd-electronics"
+    form = {**deps["evaluate-model"]["parameters"], "preset": "mdsd-electronics",
+            "overrides": {"model.classifier": "models:/my-classifier@prod", "data": {"max_test_samples": 100}}}
+    params = evaluate_model.validate_parameters(form)
+    cfg = flow_config(params.get("config"), params["preset"], params["overrides"])
+    assert cfg.model.classifier == "models:/my-classifier@prod" and cfg.data.max_test_samples == 100
+    assert cfg.data.shift == load_config("mdsd-electronics").data.shift  # a section's other fields stay the preset's
+
+
+class _Configured(Exception):
+    """Raised where a flow first uses its configuration: the test reads it and nothing else runs."""
+
+
+@pytest.mark.parametrize("module, name", [("pipeline", "ttt_pipeline"), ("evaluate_model", "evaluate_model"),
+                                          ("reevaluate", "nightly_reevaluation")])
+def test_each_flow_runs_the_preset_its_form_names(module, name, monkeypatch):
+    import importlib
+
+    from ttt_pipeline.config import load_config
+
+    mod = importlib.import_module(f"ttt_pipeline.flows.{module}")
+
+    def configured(tracking):
+        raise _Configured(tracking)
+
+    monkeypatch.setattr(mod.Tracker, "from_config", staticmethod(configured))
+    form = {"preset": "mdsd-electronics", "overrides": {"tracking.run_name": "from-the-form",
+                                                         "model.classifier": "models:/my-classifier@prod"}}
+    with pytest.raises(_Configured) as got:
+        getattr(mod, name).fn(**form)
+    (tracking,) = got.value.args
+    assert tracking.experiment == load_config("mdsd-electronics").tracking.experiment == "mdsd-electronics"
+    assert tracking.run_name == "from-the-form"
+
+
+def test_flow_forms_describe_preset_and_overrides():
+    """The UI form's help comes from the flows' docstrings (Prefect reads their Args): every preset is named."""
+    from prefect.utilities.callables import parameter_schema
+
+    from ttt_pipeline.config import PRESETS_DIR
+    from ttt_pipeline.flows.evaluate_model import evaluate_model
+    from ttt_pipeline.flows.pipeline import ttt_pipeline
+    from ttt_pipeline.flows.reevaluate import nightly_reevaluation
+
+    for fl in (ttt_pipeline, evaluate_model, nightly_reevaluation):
+        props = parameter_schema(fl.fn).properties
+        for arg in ("config", "preset", "overrides"):
+            assert props[arg].get("description"), (fl.name, arg)
+        for preset in PRESETS_DIR.glob("*.yaml"):
+            assert preset.stem in props["preset"]["description"], (fl.name, preset.stem)
 
 
 def test_serve_script_parses():

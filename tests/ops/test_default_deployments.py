@@ -10,14 +10,14 @@ the API and the `cpu` worker, with no parameters passed:
    champion;
 3. `nightly-reevaluation` again: completes on that champion.
 
-The worker's project home (TTT_PIPELINE_HOME, which only says where relative paths resolve) is a temporary
-folder holding a copy of data/demo, so the run's `.cache`, `mlflow.db` and `mlruns/` land there.
+The worker's project home (TTT_PIPELINE_HOME, which only says where relative paths resolve) is an empty temporary
+folder, so the run's `.cache`, `mlflow.db` and `mlruns/` land there; the deployments name the demo preset, whose
+reviews the worker reads from the package installed there.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("defaults")
     home = tmp / "home"
-    shutil.copytree(REPO / "data" / "demo", home / "data" / "demo")
+    home.mkdir()
     ports = {"prefect": free_port(), "mlflow": free_port()}
     env = {**os.environ,
            "TTT_RUN_DIR": str(tmp / "run"), "PREFECT_HOME": str(tmp / "prefect-home"),
@@ -113,17 +113,12 @@ def night_after(stack, pipeline):
 
 
 def test_nightly_without_a_champion_fails_once_and_says_what_to_do(stack, night_before):
-    from ttt_pipeline.config import PipelineConfig, load_config
-
     fr, states, arts = night_before
     assert fr.state.is_failed(), f"{fr.state.type}: {fr.state.message}\n{_worker_log(stack)[-4000:]}"
     assert "has no version at alias 'champion': no champion yet" in fr.state.message
     assert "run the ttt-pipeline deployment once" in fr.state.message  # the hint travels with it
     assert fr.run_count == 1 and not [s for s in states if s.name in ("AwaitingRetry", "Retrying")]
-    deployed = PipelineConfig.model_validate(fr.parameters["config"])  # prefect.yaml's
-    assert deployed.data.path == "data/demo/reviews.jsonl"  # in the worker's home; the preset's bundled copy below
-    assert deployed.model_copy(update={"data": deployed.data.model_copy(
-        update={"path": load_config("demo").data.path})}) == load_config("demo")
+    assert fr.parameters["preset"] == "demo" and not fr.parameters["overrides"]  # prefect.yaml's
     (note,) = [a for a in arts if a.key == "nightly-reevaluation"]
     assert note.type == "markdown" and "No champion yet" in note.data and "NO CHAMPION" in note.description
 
@@ -143,7 +138,7 @@ def test_pipeline_with_its_default_parameters_completes_and_registers_the_champi
     parent_id = run.data.tags.get("mlflow.parentRunId", champion.run_id)
     params = client.get_run(parent_id).data.params
     demo = load_config("demo").flat()
-    assert params["data.path"] == "data/demo/reviews.jsonl"  # prefect.yaml's, read in the worker's home
+    assert params["data.path"] == load_config("demo").data.path  # the preset's reviews, in the installed package
     for key in ("data.label_column", "finetune.epochs", "finetune.joint_passes", "finetune.precision"):
         assert params[key] == demo[key], key  # the demo preset, as prefect.yaml deploys it
     metrics = client.get_run(parent_id).data.metrics

@@ -157,11 +157,17 @@ def test_deployments_as_the_api_returns_them(deployed):
         pipeline = c.read_deployment_by_name("ttt-pipeline/ttt-pipeline")
         ft = c.read_deployment_by_name("fine-tune/fine-tune-gpu")
         ev = c.read_deployment_by_name("evaluate/evaluate-gpu")
+        brought = c.read_deployment_by_name("evaluate-model/evaluate-model")
     assert len(nightly.schedules) == 1
     sched = nightly.schedules[0]
-    assert sched.active and sched.schedule.cron == "30 2 * * *" and sched.schedule.timezone == "Europe/Berlin"
-    assert {"config", "threshold", "reference_seed"} <= set(nightly.parameter_openapi_schema["properties"])
-    assert nightly.work_pool_name == "cpu" and pipeline.work_pool_name == "cpu"
+    assert sched.active and sched.schedule.cron == "30 1 * * *" and sched.schedule.timezone == "UTC"
+    assert nightly.global_concurrency_limit.limit == 1  # a night that overruns: the next one is cancelled
+    assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+    assert {"config", "preset", "overrides", "threshold", "reference_seed"} <= set(
+        nightly.parameter_openapi_schema["properties"])
+    for d in (nightly, pipeline, brought):  # the form: a preset by name plus overrides
+        assert d.parameters["preset"] == "demo" and d.parameters["overrides"] == {}, d.name
+    assert nightly.work_pool_name == "cpu" and pipeline.work_pool_name == "cpu" and brought.work_pool_name == "cpu"
     assert ft.work_pool_name == "gpu" and ev.work_pool_name == "gpu"
     schema = pipeline.parameter_openapi_schema  # the UI renders the pydantic config as a form
     # `config` defaults to None (the demo preset, read when the flow runs, never at import): the form offers
@@ -169,6 +175,6 @@ def test_deployments_as_the_api_returns_them(deployed):
     config = schema["properties"]["config"]
     assert {"$ref": "#/definitions/PipelineConfig"} in config["anyOf"] and config["default"] is None
     assert {"DataConfig", "FinetuneConfig", "ExecutionConfig"} <= set(schema["definitions"])
-    for d in (nightly, pipeline, ft, ev):
+    for d in (nightly, pipeline, ft, ev, brought):
         assert "." in d.entrypoint and ":" not in d.entrypoint  # module path: the installed package
         assert d.pull_steps == [{"ttt_pipeline.flows.stages.enter_pipeline_home": {}}]  # resolved on the worker, at run time

@@ -7,12 +7,13 @@ MLflow run and registry decision as `ttt-pipeline run` (`pipeline.finish`). The 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig, default_config
+from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.flows.pipeline import _run, finish
 from ttt_pipeline.flows.stopping import reclaim
@@ -22,15 +23,25 @@ from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, impor
 
 
 @flow(name="evaluate-model")
-def evaluate_model(config: PipelineConfig | None = None) -> dict:
+def evaluate_model(config: PipelineConfig | None = None, preset: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> dict:
     """Score an existing classifier (model.classifier: a Hugging Face folder, an MLflow model URI or a hub id) on
-    clean, corrupted and shifted text under every defense it can run; no training."""
+    clean, corrupted and shifted text under every defense it can run; no training.
+
+    Args:
+        config: The whole configuration (what `ttt-pipeline evaluate` passes); when given, preset is not read.
+        preset: A preset by name (demo, mdsd-electronics, mdsd-robustness, amazon-electronics) or a YAML file on
+            the worker: the data, corruptions and defenses; empty: demo.
+        overrides: Fields set on top, as dotted keys or sections; model.classifier names the model, e.g.
+            {"model.classifier": "models:/my-classifier@prod"}.
+    """
     reclaim()
     t0 = time.perf_counter()
-    cfg = config if config is not None else default_config()
+    cfg = flow_config(config, preset, overrides)
     if not cfg.model.classifier:
         raise ConfigError("model.classifier is not set: there is no model to evaluate",
-                          "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI, or set model.classifier")
+                          "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI, or set model.classifier (the "
+                          "deployment's form: overrides {\"model.classifier\": \"models:/NAME@ALIAS\"})")
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     parent = tracker.start(cfg.tracking.run_name, tags={

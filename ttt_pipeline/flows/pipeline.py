@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from ttt_pipeline.config import PipelineConfig, default_config
+from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.evaluation.stats import format_difference
 from ttt_pipeline.flows.stages import run_task
 from ttt_pipeline.flows.stopping import reclaim
@@ -48,12 +49,20 @@ def _run(task_fn, *args, **kwargs):
 
 
 @flow(name="ttt-pipeline")
-def ttt_pipeline(config: PipelineConfig | None = None) -> dict:
+def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> dict:
     """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT.
-    `config` None: the demo preset (read when the flow runs, not when this module is imported)."""
+
+    Args:
+        config: The whole configuration (what `ttt-pipeline run` passes); when given, preset is not read.
+        preset: A preset by name (demo, mdsd-electronics, mdsd-robustness, amazon-electronics) or a YAML file on
+            the worker; empty: demo. Read when the run starts, on the worker.
+        overrides: Fields set on top of the preset or config, as dotted keys or sections, e.g.
+            {"finetune.epochs": 2, "data.path": "data/my_reviews.csv"}.
+    """
     reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
-    cfg = config if config is not None else default_config()
+    cfg = flow_config(config, preset, overrides)
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     parent = tracker.start(cfg.tracking.run_name, tags={

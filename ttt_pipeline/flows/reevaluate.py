@@ -28,13 +28,14 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
 from ttt_pipeline import steps
-from ttt_pipeline.config import PipelineConfig, absolute_paths, default_config, flatten
+from ttt_pipeline.config import PipelineConfig, absolute_paths, flatten, flow_config
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
@@ -414,13 +415,25 @@ def _record(tracker: Tracker, cfg, mv, night: str, seeds: tuple[int, int], thres
 # same way again; the next night runs anyway.
 @flow(name="nightly-reevaluation", retries=0)
 def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float = 0.02,
-                         reference_seed: int = 42, night: str | None = None):
+                         reference_seed: int = 42, night: str | None = None, preset: str | None = None,
+                         overrides: dict[str, Any] | None = None):
     """Re-evaluate the `champion` under its recommended defense on tonight's and the reference corruption suites
-    (and on `nightly.data_path`); ends Completed, "Regression" or "NoChampion", each with its event."""
+    (and on `nightly.data_path`); ends Completed, "Regression" or "NoChampion", each with its event.
+
+    Args:
+        config: The whole configuration (what `ttt-pipeline reevaluate` passes); when given, preset is not read.
+        threshold: The alarm's threshold (accuracy fraction): a regression when the whole 95% paired interval of
+            the change lies below -threshold.
+        reference_seed: Seed of the fixed reference corruption suite.
+        night: The night's date YYYY-MM-DD (re-run a given night); empty: the scheduled start's date.
+        preset: The champion's task: a preset by name (demo, mdsd-electronics, mdsd-robustness,
+            amazon-electronics) or a YAML file on the worker; empty: demo.
+        overrides: Fields set on top, as dotted keys or sections, e.g. {"nightly.data_path": "new/"}.
+    """
     from prefect.runtime import flow_run
 
     t0 = time.perf_counter()
-    cfg = _nightly_config(config if config is not None else default_config())  # None: the demo preset
+    cfg = _nightly_config(flow_config(config, preset, overrides))
     defense = cfg.evaluation.defense
     night = night or night_of(flow_run.get_scheduled_start_time() if flow_run.get_id() else None)
     night_seed = seed_for(night)
