@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import gzip
 import html
+import io
 import json
+import lzma
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,6 +17,10 @@ import pandas as pd
 from ttt_pipeline.errors import DataError
 
 SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
+# A text format compressed as a whole (reviews.csv.bz2): read in memory, at most MAX_DECOMPRESSED bytes of it
+COMPRESSED = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
+TEXT_SUFFIXES = {".csv", ".tsv", ".json", ".jsonl"}
+MAX_DECOMPRESSED = 1 << 31
 
 
 # Byte-order marks, longest first (UTF-32 LE starts with UTF-16 LE's mark). Spreadsheet programs and Windows
@@ -26,11 +34,11 @@ def _convert_hint(path: Path, source: str) -> str:
     return f"convert it to UTF-8: `iconv -f {source} -t UTF-8 {path} > {out}`, then read {out.name}"
 
 
-def text_encoding(path: Path) -> str:
-    """The codec that reads a text file: UTF-8, or UTF-8 / UTF-16 / UTF-32 announced by a byte-order mark (the
-    codec drops the mark). Anything else is a DataError whose hint gives the conversion command; UTF-16 without
-    a mark (NUL bytes between ASCII letters) is recognised and named."""
-    raw = path.read_bytes()
+def text_encoding(path: Path, raw: bytes | None = None) -> str:
+    """The codec that reads a text file (or `raw`, its decompressed bytes): UTF-8, or UTF-8 / UTF-16 / UTF-32
+    announced by a byte-order mark (the codec drops the mark). Anything else is a DataError whose hint gives the
+    conversion command; UTF-16 without a mark (NUL bytes between ASCII letters) is recognised and named."""
+    raw = path.read_bytes() if raw is None else raw
     encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8-sig")
     head = raw[:4096]
     if encoding == "utf-8-sig" and len(head) >= 4 and head.count(0) * 3 >= len(head):
@@ -59,11 +67,26 @@ def _check_utf8(path: Path) -> None:
                         _convert_hint(path, encoding.upper()))
 
 
-def read_delimited(path: Path, sep: str) -> pd.DataFrame:
-    encoding = text_encoding(path)
+def decompressed(path: Path) -> bytes:
+    """The whole content of a .bz2 / .gz / .xz file; a damaged file or one past MAX_DECOMPRESSED is a DataError."""
+    kind = path.suffix.lower()[1:]
     try:
-        return pd.read_csv(path, sep=sep, dtype=object, keep_default_na=False, na_values=[""],
-                           encoding=encoding, on_bad_lines="error")
+        with COMPRESSED[path.suffix.lower()](path, "rb") as f:
+            raw = f.read(MAX_DECOMPRESSED + 1)
+    except (OSError, EOFError, lzma.LZMAError) as exc:  # not that format, or cut short
+        raise DataError(f"{path}: not a readable {kind} file ({type(exc).__name__})",
+                        "check the file is complete and compressed as its name says") from None
+    if len(raw) > MAX_DECOMPRESSED:
+        raise DataError(f"{path}: more than {MAX_DECOMPRESSED >> 30} GiB once decompressed",
+                        "decompress it yourself and give the plain file")
+    return raw
+
+
+def read_delimited(path: Path, sep: str, raw: bytes | None = None) -> pd.DataFrame:
+    encoding = text_encoding(path, raw)
+    try:
+        return pd.read_csv(path if raw is None else io.BytesIO(raw), sep=sep, dtype=object, keep_default_na=False,
+                           na_values=[""], encoding=encoding, on_bad_lines="error")
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file is empty", "give a file with a header row and reviews") from None
     except (pd.errors.ParserError, ValueError, csv_error()) as exc:
@@ -105,10 +128,11 @@ def csv_error():
     return csv.Error
 
 
-def read_jsonl(path: Path) -> pd.DataFrame:
-    encoding = text_encoding(path)  # a byte-order mark (Windows editors) is not data: the codec drops it
+def read_jsonl(path: Path, raw: bytes | None = None) -> pd.DataFrame:
+    encoding = text_encoding(path, raw)  # a byte-order mark (Windows editors) is not data: the codec drops it
     rows, linenos = [], []
-    with open(path, encoding=encoding) as f:
+    handle = open(path, encoding=encoding) if raw is None else io.StringIO(raw.decode(encoding), newline=None)
+    with handle as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -130,14 +154,15 @@ def read_jsonl(path: Path) -> pd.DataFrame:
     return _frame(rows, path, linenos)
 
 
-def read_json(path: Path) -> pd.DataFrame:
-    text = path.read_text(encoding=text_encoding(path))
+def read_json(path: Path, raw: bytes | None = None) -> pd.DataFrame:
+    encoding = text_encoding(path, raw)
+    text = path.read_text(encoding=encoding) if raw is None else raw.decode(encoding)
     if not text.strip():
         raise DataError(f"{path}: the file is empty", "give a JSON array of objects or JSON Lines")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
-        return read_jsonl(path)  # .json files holding JSON Lines are common
+        return read_jsonl(path, raw)  # .json files holding JSON Lines are common
     except (RecursionError, ValueError) as exc:  # absurd nesting, ints past 4300 digits
         raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
                         "give a flat list of review objects") from None
@@ -238,17 +263,25 @@ def read_local(path: Path, pt_columns: list[str], field: str = "data.path") -> p
     suffix = path.suffix.lower()
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty", "give a file with reviews")
+    raw = None
+    if suffix in COMPRESSED:
+        inner = Path(path.stem).suffix.lower()
+        if inner not in TEXT_SUFFIXES:
+            raise DataError(f"{path}: unsupported compressed file type '{inner}{suffix}'",
+                            f"compress one of {', '.join(sorted(TEXT_SUFFIXES))} (e.g. reviews.csv{suffix})")
+        raw, suffix = decompressed(path), inner
     if suffix == ".csv":
-        return read_delimited(path, ",")
+        return read_delimited(path, ",", raw)
     if suffix == ".tsv":
-        return read_delimited(path, "\t")
+        return read_delimited(path, "\t", raw)
     if suffix == ".jsonl":
-        return read_jsonl(path)
+        return read_jsonl(path, raw)
     if suffix == ".json":
-        return read_json(path)
+        return read_json(path, raw)
     if suffix == ".parquet":
         return read_parquet(path)
     if suffix == ".pt":
         return read_pt(path, pt_columns)
     raise DataError(f"{path}: unsupported file type '{suffix}'",
-                    f"use one of {', '.join(sorted(SUFFIXES))} or an MDSD folder of .review files")
+                    f"use one of {', '.join(sorted(SUFFIXES))} (csv, tsv, json and jsonl also compressed: "
+                    ".bz2, .gz, .xz) or an MDSD folder of .review files")
