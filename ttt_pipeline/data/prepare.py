@@ -2,7 +2,8 @@
 
 Validation happens here, before any training: missing columns, unusable rows, labels outside the classes and
 classes too small to split stop the run with a message naming the file and the fix. Empty texts and missing
-labels are dropped (counted in the metadata and logged), over-long reviews are cut to `max_text_chars`.
+labels are dropped (counted in the metadata and logged), over-long reviews are cut to `max_text_chars`. With
+`group_column`, the test and validation splits move whole groups (every review of a movie on one side).
 """
 
 from __future__ import annotations
@@ -16,21 +17,28 @@ import pandas as pd
 
 from ttt_pipeline.data import labels as L
 from ttt_pipeline.data.sources import load_source
-from ttt_pipeline.data.splits import stratified_cap, stratified_split
+from ttt_pipeline.data.splits import group_ids, grouped_split, stratified_cap, stratified_split
 from ttt_pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
 
 
-def _columns(frame: pd.DataFrame, cfg, where: str) -> pd.DataFrame:
+def _columns(frame: pd.DataFrame, cfg, where: str, grouped: bool = False) -> pd.DataFrame:
+    """`text` and `label` (and `group`, the data.group_column, when `grouped`) from the source's columns."""
+    have = ", ".join(_printable(str(c)) for c in list(frame.columns)[:12])
     missing = [c for c in (cfg.text_column, cfg.label_column) if c not in frame.columns]
     if missing:
-        have = ", ".join(_printable(str(c)) for c in list(frame.columns)[:12])
         which = "text_column" if cfg.text_column in missing else "label_column"
         raise DataError(f"{where}: column(s) {missing} not found (columns: {have})",
                         f"set data.{which} to one of the columns, e.g. --set data.{which}=<name>")
-    return frame[[cfg.text_column, cfg.label_column]].rename(
-        columns={cfg.text_column: "text", cfg.label_column: "label"})
+    out = pd.DataFrame({"text": frame[cfg.text_column], "label": frame[cfg.label_column]})
+    if grouped:
+        if cfg.group_column not in frame.columns:
+            raise DataError(f"{where}: column '{_printable(str(cfg.group_column))}' (data.group_column) not found "
+                            f"(columns: {have})", "set data.group_column to one of the columns, or to null to split "
+                            "row by row")
+        out["group"] = [L.canonical(v) for v in frame[cfg.group_column].tolist()]
+    return out
 
 
 def _printable(text: str) -> str:
@@ -43,6 +51,7 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
     dropped_text = dropped_label = dropped_map = cut = 0
     label_map = getattr(cfg, "label_map", None)
     unmapped: dict[str, int] = {}  # label value -> first row
+    kept: list[int] = []  # positions of the rows kept, for the columns that ride along (group)
     for row, (text, label) in enumerate(zip(frame["text"].tolist(), frame["label"].tolist()), 1):
         if text is None or (isinstance(text, float) and pd.isna(text)) or not L.safe_str(text).strip():
             dropped_text += 1
@@ -72,6 +81,7 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
                 "fix or remove that escape (half of an emoji cut by an exporter, usually)") from None
         texts.append(text)
         labels.append(lab)
+        kept.append(row - 1)
     if unmapped:
         values = sorted(unmapped)
         shown = ", ".join(_printable(v) for v in values[:8]) + (", ..." if len(values) > 8 else "")
@@ -93,10 +103,15 @@ def _clean(frame: pd.DataFrame, cfg, where: str, stats: dict) -> pd.DataFrame:
                         "check data.text_column / data.label_column and the file's content")
     if dropped_text or dropped_label:
         log.warning("%s: dropped %d empty texts and %d rows without a label", where, dropped_text, dropped_label)
-    return pd.DataFrame({"text": texts, "label": labels})
+    out = pd.DataFrame({"text": texts, "label": labels})
+    if "group" in frame.columns:
+        out["group"] = frame["group"].iloc[kept].tolist()
+    return out
 
 
-def _frames(source: str, cfg, raw_dir: Path, stats: dict) -> tuple[dict[str, pd.DataFrame], str]:
+def _frames(source: str, cfg, raw_dir: Path, stats: dict, grouped: bool = False
+            ) -> tuple[dict[str, pd.DataFrame], str]:
+    """The source's frames, cleaned; `grouped`: with the data.group_column, for the source that is split."""
     # data.sha256 pins data.path only: the test and shift sources are other files
     frames, digest = load_source(source, raw_dir, cfg.pt_columns, cfg.sha256 if source == cfg.path else None)
     out = {}
@@ -104,13 +119,24 @@ def _frames(source: str, cfg, raw_dir: Path, stats: dict) -> tuple[dict[str, pd.
         where = source if split == "all" else f"{source} [{split}]"
         if len(frame) == 0:
             raise DataError(f"{where}: the dataset is empty", "give a source with reviews")
-        out[split] = _clean(_columns(frame, cfg, where), cfg, where, stats)
+        out[split] = _clean(_columns(frame, cfg, where, grouped), cfg, where, stats)
     return out, digest
 
 
 def _normalise_split_names(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     alias = {"valid": "validation", "val": "validation", "dev": "validation"}
     return {alias.get(k, k): v for k, v in frames.items()}
+
+
+def _split_off(base: pd.DataFrame, fraction: float, seed: int, names: list[str], what: str):
+    """(rest, split off): stratified by class; with a `group` column, whole groups (group_ids) move together."""
+    labels = base["label"].tolist()
+    if "group" in base.columns:
+        ids = group_ids(base["group"].tolist(), base["text"].tolist())
+        keep, taken = grouped_split(labels, ids, fraction, seed, names, what)
+    else:
+        keep, taken = stratified_split(labels, fraction, seed, names, what)
+    return base.iloc[keep].reset_index(drop=True), base.iloc[taken].reset_index(drop=True)
 
 
 def content_digest(splits: dict[str, pd.DataFrame], names: list[str]) -> str:
@@ -129,7 +155,7 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
 
     disable_progress_bar()
     stats: dict = {}
-    frames, raw_digest = _frames(cfg.path, cfg, raw_dir, stats)
+    frames, raw_digest = _frames(cfg.path, cfg, raw_dir, stats, grouped=cfg.group_column is not None)
     frames = _normalise_split_names(frames)
     if cfg.test_path:
         test_frames, _ = _frames(cfg.test_path, cfg, raw_dir, stats)
@@ -148,14 +174,11 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
                for s, f in frames.items()}
 
     if "test" not in encoded:
-        keep, test = stratified_split(encoded["train"]["label"].tolist(), cfg.test_fraction, cfg.split_seed, names, "test")
-        base = encoded["train"]
-        encoded["train"], encoded["test"] = base.iloc[keep].reset_index(drop=True), base.iloc[test].reset_index(drop=True)
+        encoded["train"], encoded["test"] = _split_off(encoded["train"], cfg.test_fraction, cfg.split_seed, names,
+                                                       "test")
     if "validation" not in encoded and cfg.val_fraction > 0:
-        keep, val = stratified_split(encoded["train"]["label"].tolist(), cfg.val_fraction, cfg.split_seed + 1,
-                                     names, "validation")
-        base = encoded["train"]
-        encoded["train"], encoded["validation"] = base.iloc[keep].reset_index(drop=True), base.iloc[val].reset_index(drop=True)
+        encoded["train"], encoded["validation"] = _split_off(encoded["train"], cfg.val_fraction, cfg.split_seed + 1,
+                                                             names, "validation")
 
     caps = {"train": cfg.max_train_samples, "test": cfg.max_test_samples,
             "validation": cfg.max_test_samples}
@@ -187,6 +210,8 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
         "class_counts": counts,
         "content_digest": content_digest(keep_splits, names),
         "raw_digest": raw_digest,
+        **({"groups": {s: int(f["group"].nunique()) for s, f in keep_splits.items() if "group" in f.columns}}
+           if cfg.group_column else {}),
         **stats,
     }
 
