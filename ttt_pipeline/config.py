@@ -718,6 +718,11 @@ def dotted_overrides(overrides: dict[str, Any], model: type[BaseModel] | None = 
     return out
 
 
+def preset_names() -> list[str]:
+    """The presets shipped inside the package, by name (`--config NAME`, a deployment's `preset`)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
 def resolve_preset(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.is_file():
@@ -725,10 +730,9 @@ def resolve_preset(name_or_path: str) -> Path:
     for cand in (PRESETS_DIR / name_or_path, PRESETS_DIR / f"{name_or_path}.yaml"):
         if cand.is_file():
             return cand
-    known = sorted(x.stem for x in PRESETS_DIR.glob("*.yaml"))
     raise ConfigError(
         f"config '{name_or_path}' not found (no such file, and no preset of that name)",
-        f"pass a YAML file or one of the presets: {', '.join(known)}",
+        f"pass a YAML file or one of the presets: {', '.join(preset_names())}",
     )
 
 

@@ -15,6 +15,7 @@ from prefect.runtime import flow_run
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.pipeline import _run, finish
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io.tracking import Tracker
@@ -23,6 +24,7 @@ from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, impor
 
 
 @flow(name="evaluate-model")
+@name_presets
 def evaluate_model(config: PipelineConfig | None = None, preset: str | None = None,
                    overrides: dict[str, Any] | None = None) -> dict:
     """Score an existing classifier (model.classifier: a Hugging Face folder, an MLflow model URI or a hub id) on
@@ -30,8 +32,8 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
 
     Args:
         config: The whole configuration (what `ttt-pipeline evaluate` passes); when given, preset is not read.
-        preset: A preset by name (demo, mdsd-electronics, mdsd-robustness, amazon-electronics) or a YAML file on
-            the worker: the data, corruptions and defenses; empty: demo.
+        preset: A preset by name (PRESET_NAMES) or a YAML file on the worker: the data, corruptions and
+            defenses; empty: demo.
         overrides: Fields set on top, as dotted keys or sections; model.classifier names the model, e.g.
             {"model.classifier": "models:/my-classifier@prod"}.
     """

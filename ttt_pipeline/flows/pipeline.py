@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.evaluation.stats import format_difference
+from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.stages import run_task
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io.report import headline_markdown
@@ -49,14 +50,15 @@ def _run(task_fn, *args, **kwargs):
 
 
 @flow(name="ttt-pipeline")
+@name_presets
 def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None,
                  overrides: dict[str, Any] | None = None) -> dict:
     """Fine-tune a review classifier, then score it on clean, corrupted and shifted text, without and with TTT.
 
     Args:
         config: The whole configuration (what `ttt-pipeline run` passes); when given, preset is not read.
-        preset: A preset by name (demo, mdsd-electronics, mdsd-robustness, amazon-electronics) or a YAML file on
-            the worker; empty: demo. Read when the run starts, on the worker.
+        preset: A preset by name (PRESET_NAMES) or a YAML file on the worker; empty: demo. Read when the run
+            starts, on the worker.
         overrides: Fields set on top of the preset or config, as dotted keys or sections, e.g.
             {"finetune.epochs": 2, "data.path": "data/my_reviews.csv"}.
     """

@@ -39,6 +39,7 @@ from ttt_pipeline.config import PipelineConfig, absolute_paths, flatten, flow_co
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.evaluation.scoring import headline, metric_name
 from ttt_pipeline.evaluation.stats import min_detectable_drop
+from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.stages import evaluate_on_gpu, run_task
 from ttt_pipeline.io.remote_store import open_store
 from ttt_pipeline.io.tracking import Tracker
@@ -414,6 +415,7 @@ def _record(tracker: Tracker, cfg, mv, night: str, seeds: tuple[int, int], thres
 # No retries, whatever PREFECT_FLOW_DEFAULT_RETRIES says: no champion, a regression or bad data would fail the
 # same way again; the next night runs anyway.
 @flow(name="nightly-reevaluation", retries=0)
+@name_presets
 def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float = 0.02,
                          reference_seed: int = 42, night: str | None = None, preset: str | None = None,
                          overrides: dict[str, Any] | None = None):
@@ -426,8 +428,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
             the change lies below -threshold.
         reference_seed: Seed of the fixed reference corruption suite.
         night: The night's date YYYY-MM-DD (re-run a given night); empty: the scheduled start's date.
-        preset: The champion's task: a preset by name (demo, mdsd-electronics, mdsd-robustness,
-            amazon-electronics) or a YAML file on the worker; empty: demo.
+        preset: The champion's task: a preset by name (PRESET_NAMES) or a YAML file on the worker; empty: demo.
         overrides: Fields set on top, as dotted keys or sections, e.g. {"nightly.data_path": "new/"}.
     """
     from prefect.runtime import flow_run
