@@ -20,9 +20,10 @@ WORKDIR /opt/ttt-pipeline
 COPY pyproject.toml README.md* LICENSE constraints.txt ./
 COPY ttt_pipeline ttt_pipeline
 COPY prefect.yaml ./
-# editable; the presets (and the demo reviews) ship inside the package; psycopg2 is MLflow's postgres driver
-# (Prefect's, asyncpg, is already one of its dependencies)
-RUN pip install -e . "psycopg2-binary>=2.9" -c constraints.txt \
+# editable, with the extras a worker may need (attribution: traker; gdrive: gdown); the presets (and the demo
+# reviews) ship inside the package; psycopg2 is MLflow's postgres driver (Prefect's, asyncpg, is already one of its
+# dependencies)
+RUN pip install -e ".[attribution,gdrive]" "psycopg2-binary>=2.9" -c constraints.txt \
  && pip check
 
 COPY ttt_pipeline/presets/demo /srv/ttt/data/demo

@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  *) echo "error: TORCH=$(TORCH) is not a torch build"; echo "hint: make setup TORCH=cpu (default) or TORCH=cuda"; \
 	     exit 2 ;; \
 	esac
-	$(BIN)/python -m pip install -q -e ".[test,external]" -c constraints.txt   # external: nlpaug (ext: families)
+	$(BIN)/python -m pip install -q -e ".[test,external,attribution,gdrive]" -c constraints.txt   # every extra: CI tests them
 	$(BIN)/python -m pip install -q --no-deps torch-ttt==0.0.2   # reference engine, tests and benches only
 	$(BIN)/python -m pip check
 	@touch $(STAMP)

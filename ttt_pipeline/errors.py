@@ -37,3 +37,38 @@ _SECRET_QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|access_token|secr
 def redact(text: str) -> str:
     """`scheme://user:PASSWORD@host` and `?token=...` with the secret masked: for params, tags and messages."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
+
+
+# The optional extras (pyproject.toml): extra -> (the package pip installs, the module it provides).
+EXTRAS = {"attribution": ("traker", "trak"), "gdrive": ("gdown", "gdown"), "external": ("nlpaug", "nlpaug")}
+
+
+def extra_installed(extra: str) -> bool:
+    """Whether the extra's module can be imported (found without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(EXTRAS[extra][1]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def extra_hint(extra: str) -> str:
+    return f"pip install 'ttt-pipeline[{extra}]' (from a checkout, `make setup` installs it)"
+
+
+def require_extra(extra: str, needed_by: str, instead: str | None = None):
+    """The extra's module, imported; when it is not installed, a ConfigError that names what needs it (`needed_by`,
+    a field or a command) and the install line, with `instead`, a way to do without it, when there is one. An
+    ImportError from inside an installed package (a broken dependency of its own) is raised as it is."""
+    import importlib
+
+    package, module = EXTRAS[extra]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name not in (None, module):
+            raise
+        hint = extra_hint(extra) + (f", or {instead}" if instead else "")
+        raise ConfigError(f"{needed_by} needs the optional package {package}, which is not installed",
+                          hint) from None

@@ -132,7 +132,8 @@ def test_dockerfile():
     text = (REPO / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
     assert "torch==2.13.0" in text and "download.pytorch.org/whl/cpu" in text
-    assert re.search(r"pip install -e \.", text) and re.search(r"^USER (?!root)", text, re.M)
+    assert 'pip install -e ".[attribution,gdrive]"' in text  # the workers run attribution and gdown:// presets
+    assert re.search(r"^USER (?!root)", text, re.M)
 
 
 def _deployments() -> dict:

@@ -67,6 +67,10 @@ def preflight(cfg) -> bool:
     from ttt_pipeline.modeling.tokenize import load_tokenizer
     from ttt_pipeline.storage import StepStore
 
+    if cfg.attribution.enabled:  # an optional extra, checked before any work like the other inputs
+        from ttt_pipeline.evaluation.attribution import require_traker
+
+        require_traker()
     d = cfg.data
     sources = [d.path, *([d.test_path] if d.test_path else []), *d.shift.values()]
     local = all(Source.parse(s).kind == "local" for s in sources)

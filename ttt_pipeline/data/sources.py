@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ttt_pipeline.data.readers import read_local
-from ttt_pipeline.errors import DataError, DownloadError
+from ttt_pipeline.errors import DataError, DownloadError, require_extra
 from ttt_pipeline.storage import file_digest, stable_hash, tree_digest
 
 GDRIVE_URL = "https://drive.google.com/uc?id={id}"
@@ -79,7 +79,8 @@ def gdrive_url(file_id: str) -> str:
 
 
 def fetch_gdown(file_id: str, raw_dir: Path, sha256: str | None = None) -> Path:
-    import gdown
+    gdown = require_extra("gdrive", f"the data source gdown://{file_id}",
+                          "download the file yourself and set data.path (or test_path, shift) to it")
 
     out = Path(raw_dir) / f"gdown-{file_id}.pt"
     if out.is_file() and out.stat().st_size > 0 and (sha256 is None or file_digest(out) == sha256):

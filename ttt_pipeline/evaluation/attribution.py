@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ttt_pipeline.errors import ConfigError
+from ttt_pipeline.errors import ConfigError, require_extra
 from ttt_pipeline.modeling.model import ReviewClassifier, pool
 
 PARAMS_RE = re.compile(r"^head(?:\+last([1-9][0-9]*))?$")
@@ -110,10 +110,15 @@ def margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return correct - logits.masked_fill(chosen, float("-inf")).logsumexp(-1)
 
 
+def require_traker():
+    """traker's module `trak`, or the error that asks for the optional extra `attribution`."""
+    return require_extra("attribution", "attribution.enabled (the attribute step, TRAK)",
+                         "set attribution.enabled=false")
+
+
 def _trak():
     """traker, imported late (it configures logging on import) and quietened."""
-    import trak
-
+    trak = require_traker()
     for name in ("TRAK", "GradientComputer", "ScoreComputer", "MmapSaver", "trak"):
         logging.getLogger(name).setLevel(logging.WARNING)
     return trak

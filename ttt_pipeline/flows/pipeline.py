@@ -65,6 +65,10 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
     reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
     cfg = flow_config(config, preset, overrides)
+    if cfg.attribution.enabled:  # its optional package is missing: say so now, not after training
+        from ttt_pipeline.evaluation.attribution import require_traker
+
+        require_traker()
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     parent = tracker.start(cfg.tracking.run_name, tags={

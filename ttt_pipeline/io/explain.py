@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.errors import PipelineError, extra_hint, extra_installed
 
 
 def attribution_of(client, pipeline_run, uri: str) -> dict:
@@ -21,9 +21,10 @@ def attribution_of(client, pipeline_run, uri: str) -> dict:
                                   f"tags.mlflow.parentRunId = '{pipeline_run.info.run_id}' and "
                                   "attributes.run_name = 'attribute'")
     if not children:
-        raise PipelineError(f"pipeline run {pipeline_run.info.run_id} at {uri} has no attribute stage",
-                            "run the pipeline with --set attribution.enabled=true (configs/mdsd-electronics.yaml "
-                            "enables it)")
+        hint = ("run the pipeline with --set attribution.enabled=true (configs/mdsd-electronics.yaml enables it)")
+        if not extra_installed("attribution"):  # the attribute step needs traker: say so before the run is made
+            hint = f"{extra_hint('attribution')}, then {hint}"
+        raise PipelineError(f"pipeline run {pipeline_run.info.run_id} at {uri} has no attribute stage", hint)
     with tempfile.TemporaryDirectory(prefix="ttt-explain-") as tmp, _quiet_download():
         try:
             path = client.download_artifacts(children[0].info.run_id, "attribution_targets.json", tmp)
