@@ -194,7 +194,7 @@ def test_each_defense_owns_a_section_of_ttt():
     from ttt_pipeline.config import TTTConfig, flatten, nest
     from ttt_pipeline.defenses import registry
 
-    assert set(registry.settings_types()) == {"spell", "dedupe", "tent", "masked_ttt_anchored"}
+    assert set(registry.settings_types()) == {"spell", "dedupe", "tent", "masked_ttt_anchored", "anchored_tta"}
     cfg = load_config("demo", ["ttt.spell.max_edit_distance=1", "ttt.tent.lr=1e-3"])
     assert (cfg.ttt.spell.max_edit_distance, cfg.ttt.tent.lr, cfg.ttt.tent.steps) == (1, 1e-3, 1)
     flat = flatten(cfg.ttt)

@@ -291,7 +291,9 @@ class _TTTRun(Section):
         "masked_ttt_views (4 masked views per step), masked_ttt_sgd (3 SGD steps, momentum 0.9), "
         "masked_ttt_lower_norm (LayerNorm/bias of the lower layers), masked_ttt_anchored (adapted prediction kept "
         "only when the MLM loss fell and within ttt.masked_ttt_anchored.kl_budget of the source), tent_filtered (Tent "
-        "on low-entropy reviews, reset on collapse); repairs such as spell in front of the model; compositions "
+        "on low-entropy reviews, reset on collapse), anchored_tta (LayerNorm/bias steps toward agreement with masked "
+        "views on confident reviews, KL-anchored to the frozen model; ttt.anchored_tta.*) and anchored_tta_views (its "
+        "no-gradient control: the same views' predictions averaged); repairs such as spell in front of the model; compositions "
         "repair+engine (spell+masked_ttt). Accuracy differences are reported against none, so keep it in the list.")
     mask_seeds: list[int] | int = Field(
         1, description="Mask seeds of the masked methods (masked_ttt, mask_ensemble): a count n (seeds seed, "

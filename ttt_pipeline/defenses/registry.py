@@ -41,6 +41,9 @@ ENGINES: dict[str, Entry] = {
     "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", masked=True, mlm=True),
     "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True, mlm=True),
     "tent_filtered": Entry("tent_filtered"),
+    # consistency with masked views plus a KL anchor to the frozen model (PCL, Anti-CF), and its no-gradient control
+    "anchored_tta": Entry("anchored_tta", masked=True),
+    "anchored_tta_views": Entry("anchored_tta_views", masked=True),
 }
 # Text repairs: each module has build(own, context) -> callable(list[str]) -> list[str]; `own` is the module's
 # `Settings` (`ttt.<defense>`), None when it has none.
