@@ -254,9 +254,15 @@ def cmd_corrupt(args) -> int:
 
 
 def _preset_names() -> str:
-    from ttt_pipeline.config import PRESETS_DIR
+    from ttt_pipeline.config import preset_names
 
-    return ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+    return ", ".join(preset_names())
+
+
+def _config_help(what: str, default: str | None = "demo") -> str:
+    """--config's help: the presets by name, what the configuration is for here, and the default."""
+    fallback = default or "no preset: every field's default"
+    return f"YAML file or preset name ({_preset_names()}): {what} (default: {fallback})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the whole pipeline (download, tokenise, fine-tune, corrupt, evaluate)")
-    r.add_argument("--config", default="demo", help="YAML file or preset name (default: demo)")
+    r.add_argument("--config", default="demo", help=_config_help("the data, model, training, corruptions and "
+                                                                "defenses"))
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. finetune.epochs=2")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     # SUPPRESS: without it the subcommand's default (False) overwrites a `ttt-pipeline --debug run`
@@ -279,8 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "defenses, intervals and MLflow run as `run`")
     e.add_argument("--model", default=None, metavar="MODEL", help="a Hugging Face sequence-classification folder, "
                    "models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/model or a hub id (model.classifier)")
-    e.add_argument("--config", default="demo", help=f"YAML file or preset name ({_preset_names()}; default: demo): "
-                   "the data, corruptions and defenses")
+    e.add_argument("--config", default="demo", help=_config_help("the data, corruptions and defenses"))
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. 'model.label_map={LABEL_0: negative, LABEL_1: positive}' or "
                    "ttt.mlm_from=bert-base-uncased")
@@ -290,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("reevaluate", help="re-evaluate the registered champion now (the nightly flow): verdict "
                        "ok / regression / no_champion")
-    n.add_argument("--config", default="demo", help="YAML file or preset name: the champion's task (default: demo)")
+    n.add_argument("--config", default="demo", help=_config_help("the champion's task"))
     n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. nightly.data_path=new/reviews.jsonl")
     n.add_argument("--model", default=None, metavar="MODEL", help="the classifier brought with `evaluate --model "
@@ -303,9 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.set_defaults(fn=cmd_reevaluate)
 
     c = sub.add_parser("config", help="print the resolved configuration (or its JSON schema)")
-    c.add_argument("--config", default=None)
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--schema", action="store_true")
+    c.add_argument("--config", default=None, help=_config_help("the configuration to print", None))
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, as `run --set` would, e.g. finetune.epochs=2 (repeatable)")
+    c.add_argument("--schema", action="store_true", help="print the JSON schema of every field (types, defaults, "
+                   "descriptions) instead of a configuration")
     c.set_defaults(fn=cmd_config)
 
     k = sub.add_parser("corrupt", help="list corruption families or corrupt a file of texts (one per line)")

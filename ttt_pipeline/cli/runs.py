@@ -33,13 +33,16 @@ def add_commands(subparsers) -> None:
                         help="MLflow tracking URI (default: $TTT_TRACKING_URI, else $MLFLOW_TRACKING_URI, else "
                         "the demo preset's sqlite:///mlflow.db)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    common.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    # SUPPRESS as default too: else the subcommand's False overwrites a `ttt-pipeline --debug report`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     r = subparsers.add_parser("report", parents=[common], help="print the headline table of a pipeline run")
     r.add_argument("run_id", metavar="RUN_ID", help="MLflow run id of the pipeline run (or of one of its stages)")
     r.set_defaults(fn=cmd_report)
 
     c = subparsers.add_parser("compare", parents=[common], help="two pipeline runs side by side, with differences")
-    c.add_argument("run_a", metavar="RUN_A")
-    c.add_argument("run_b", metavar="RUN_B")
+    c.add_argument("run_a", metavar="RUN_A", help="MLflow run id of the first pipeline run (or of one of its "
+                   "stages): the baseline")
+    c.add_argument("run_b", metavar="RUN_B", help="MLflow run id of the second run of the same task: each "
+                   "difference is RUN_B minus RUN_A")
     c.set_defaults(fn=cmd_compare)
