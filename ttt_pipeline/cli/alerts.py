@@ -1,0 +1,122 @@
+"""`ttt-pipeline alerts apply --block TYPE/NAME`: the nightly re-evaluation's alerts as Prefect automations.
+
+The automations ship inside the package (ttt_pipeline/flows/nightly_automations.yaml, the format of `prefect
+automation create --from-file`): a regression, no champion, a crashed or failed nightly run, and no verdict at all in
+26 hours. Prefect's own automations and notification blocks do the sending (Slack, Microsoft Teams, a custom
+webhook, ...: any notification block the user has saved); this command only fills in the block the user names, which
+a file cannot hold (a block's id differs per server), and creates them on the server of PREFECT_API_URL, replacing
+automations of the same names, so it can be re-run. `alerts remove` deletes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+from typing import Any
+from uuid import UUID
+
+from ttt_pipeline.errors import ConfigError
+
+FILE = "nightly_automations.yaml"
+PLACEHOLDER = "NOTIFICATION_BLOCK"
+BLOCK_HINT = ("save a notification block first (Prefect UI: Blocks -> + -> Slack Webhook, Microsoft Teams Webhook, "
+              "Custom Webhook, ...; or in Python: SlackWebhook(url=...).save('ttt-alerts')), then pass "
+              "--block slack-webhook/ttt-alerts; `prefect block ls` lists the saved ones")
+
+
+def automations_text() -> str:
+    return importlib.resources.files("ttt_pipeline.flows").joinpath(FILE).read_text(encoding="utf-8")
+
+
+def automations(block_document_id: UUID | str) -> list[Any]:
+    """The shipped automations with the notification block filled in, validated by Prefect's own model."""
+    import yaml
+    from prefect.events.schemas.automations import AutomationCore
+
+    data = yaml.safe_load(automations_text())["automations"]
+    for item in data:
+        for action in item["actions"]:
+            if action.get("block_document_id") == PLACEHOLDER:
+                action["block_document_id"] = str(block_document_id)
+    return [AutomationCore.model_validate(item) for item in data]
+
+
+def names() -> list[str]:
+    import yaml
+
+    return [item["name"] for item in yaml.safe_load(automations_text())["automations"]]
+
+
+def notification_block_id(ref: str) -> UUID:
+    """The saved block `TYPE/NAME`'s document id; an error naming --block unless it is a notification block."""
+    import prefect.blocks.notifications  # noqa: F401  (registers Prefect's notification block types)
+    from prefect.blocks.abstract import NotificationBlock
+    from prefect.blocks.core import Block
+
+    if ref.count("/") != 1 or not all(ref.split("/")):
+        raise ConfigError(f"--block {ref!r} is not TYPE/NAME (a block type's slug and the block's name)", BLOCK_HINT)
+    try:
+        block = Block.load(ref)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"--block {ref!r}: no such block on the Prefect server ({str(exc).splitlines()[0]})",
+                          BLOCK_HINT) from None
+    if not isinstance(block, NotificationBlock):
+        raise ConfigError(f"--block {ref!r} is a {type(block).__name__}, not a notification block", BLOCK_HINT)
+    return block._block_document_id
+
+
+def _replace(client, wanted: list[Any]) -> list[tuple[str, UUID]]:
+    created = []
+    for automation in wanted:
+        for old in client.read_automations_by_name(automation.name):
+            client.delete_automation(old.id)
+        created.append((automation.name, client.create_automation(automation)))
+    return created
+
+
+def _server() -> None:
+    """Automations live on a Prefect server: without PREFECT_API_URL the client would use a temporary one."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError("PREFECT_API_URL is not set: the automations need the Prefect server the nightly runs on",
+                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (after `make serve`: source .run/env)")
+
+
+def cmd_apply(args) -> int:
+    from prefect.client.orchestration import get_client
+
+    _server()
+    wanted = automations(notification_block_id(args.block))
+    with get_client(sync_client=True) as client:
+        created = _replace(client, wanted)
+    for name, automation_id in created:
+        print(f"automation {name} ({automation_id}): notifies {args.block}")
+    return 0
+
+
+def cmd_remove(args) -> int:
+    from prefect.client.orchestration import get_client
+
+    _server()
+    with get_client(sync_client=True) as client:
+        for name in names():
+            for old in client.read_automations_by_name(name):
+                client.delete_automation(old.id)
+                print(f"automation {name} ({old.id}): deleted")
+    return 0
+
+
+def add_command(subparsers) -> None:
+    a = subparsers.add_parser("alerts", help="the nightly re-evaluation's alerts as Prefect automations "
+                              "(regression, no champion, a crashed run, no verdict in 26 h)")
+    sub = a.add_subparsers(dest="alerts_command", required=True)
+    ap = sub.add_parser("apply", help="create the automations on the Prefect server (PREFECT_API_URL), notifying "
+                        "the named block; re-running replaces them")
+    ap.add_argument("--block", required=True, metavar="TYPE/NAME", help="a saved notification block, e.g. "
+                    "slack-webhook/ttt-alerts, ms-teams-webhook/NAME or custom-webhook/NAME")
+    ap.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    ap.set_defaults(fn=cmd_apply)
+    rm = sub.add_parser("remove", help="delete the automations `alerts apply` created")
+    rm.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    rm.set_defaults(fn=cmd_remove)
