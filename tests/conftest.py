@@ -14,6 +14,7 @@ from workers import pin_xdist_worker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # as the CLI sets it: no telemetry thread editing os.environ
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the CLI sets it: transformers' weight-loading bars
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `precision: auto` resolves per CPU (bf16 only where it is native). The suite, and every process it starts,

@@ -6,7 +6,6 @@ names the field and the fix.
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import re
 from pathlib import Path
@@ -18,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.errors import ConfigError
 
-# The presets ship inside the package (the checkout's `configs/` links here), so `--config demo` works from a wheel
-# in any folder; `./` paths in a config file are relative to that file (`_file_relative`).
-PRESETS_DIR = Path(str(importlib.resources.files("ttt_pipeline").joinpath("presets")))
+# The presets ship inside the package (preset_files), so `--config demo` works from a wheel in any folder; `./`
+# paths in a config file are relative to that file (`_file_relative`).
+from ttt_pipeline.preset_files import PRESETS_DIR, preset_names  # noqa: F401 (re-exported)
+
 PATH_FIELDS = (("data", "path"), ("data", "test_path"), ("finetune", "unlabeled_path"), ("nightly", "data_path"))
 
 
@@ -718,11 +718,6 @@ def dotted_overrides(overrides: dict[str, Any], model: type[BaseModel] | None = 
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def preset_names() -> list[str]:
-    """The presets shipped inside the package, by name (`--config NAME`, a deployment's `preset`)."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
 def resolve_preset(name_or_path: str) -> Path:

@@ -191,5 +191,6 @@ def test_preflight_reads_local_data_first_and_fetches_a_remote_source_last(monke
         check=lambda: None))
     monkeypatch.setattr(tokenize, "load_tokenizer", lambda *a: calls.append("tokenizer"))
     cfg = SimpleNamespace(data=SimpleNamespace(path=source, test_path=None, shift={}), store=str(tmp_path),
-                          tracking=None, model=SimpleNamespace(name="m", trust_remote_code=False))
+                          tracking=None, model=SimpleNamespace(name="m", trust_remote_code=False),
+                          attribution=SimpleNamespace(enabled=False))
     assert cli.preflight(cfg) is True and calls == order

@@ -27,6 +27,9 @@ def _env_defaults(store: Path) -> None:
     # Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    # MLflow's telemetry reads DO_NOT_TRACK only as "true"; its thread also sets and unsets an environment variable,
+    # which races with any copy of os.environ another thread makes (a subprocess's env)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines (model validation) are noise here
 
@@ -254,7 +257,7 @@ def cmd_corrupt(args) -> int:
 
 
 def _preset_names() -> str:
-    from ttt_pipeline.config import preset_names
+    from ttt_pipeline.preset_files import preset_names  # not the schema: parsing must not import torch
 
     return ", ".join(preset_names())
 

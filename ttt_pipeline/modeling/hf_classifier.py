@@ -245,7 +245,7 @@ def load_imported(folder: Path, meta: ModelMeta, device="cpu"):
     seq = AutoModelForSequenceClassification.from_pretrained(folder / "classifier", trust_remote_code=False)
     mlm = None
     if (folder / "mlm" / "head.safetensors").is_file():
-        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder / "mlm"))
+        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder / "mlm", trust_remote_code=False))
         attach_mlm(seq, mlm)
         mlm.load_state_dict(load_file(str(folder / "mlm" / "head.safetensors")), strict=False)
     tokenizer = AutoTokenizer.from_pretrained(folder / "classifier", trust_remote_code=False)
