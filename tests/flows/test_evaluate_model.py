@@ -244,9 +244,27 @@ def test_each_family_runs_to_a_summary_with_intervals_and_a_registered_model(mod
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     clf = load_classifier("models:/ttt-demo-reviews-negative-positive-bert@champion", tracking_uri=uri)
     assert clf.method == "spell" and clf.label_names == ["negative", "positive"]
-    probs = clf.predict_proba(REVIEWS, method="none")
+    probs = clf.predict_proba(REVIEWS, method="none", precision="fp32")
     expected = torch.softmax(hf_logits(models["bert"], REVIEWS), -1).numpy()
     np.testing.assert_allclose(probs, expected, rtol=1e-4, atol=1e-5)
+    night = reevaluate(tmp_path, str(models["distilbert"]))
+    assert night["verdict"] == "ok" and night["model_name"] == "ttt-demo-reviews-negative-positive-distilbert"
+
+
+def reevaluate(tmp: Path, model: str) -> dict:
+    """`ttt-pipeline reevaluate --model MODEL --json` with run_evaluate's store and MLflow: its outcome."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "ttt_pipeline.cli.main", "reevaluate", "--model", model, "--config", "demo", "--json",
+            *[a for s in (f"store={tmp / 'store'}", f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+                          f"tracking.artifact_root={tmp / 'mlruns'}", "data.max_test_samples=40") for a in ("--set", s)]]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp,
+                         env={**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "HF_HUB_OFFLINE": "1",
+                              "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -122,7 +122,7 @@ def start_prefect_server() -> None:
 
 
 def cmd_run(args) -> int:
-    from ttt_pipeline.cli.console import setup_run_logging, summary_table, ui_lines
+    from ttt_pipeline.cli.console import setup_run_logging
     from ttt_pipeline.cli.stopping import StopOnSignal
     from ttt_pipeline.config import absolute_paths, load_config
 
@@ -137,24 +137,31 @@ def cmd_run(args) -> int:
         from ttt_pipeline.flows.pipeline import ttt_pipeline
 
         summary = ttt_pipeline(config=cfg)
+    _print_summary(summary, cfg, args.json, " (download prepared by this run's input check)" if download_built else "")
+    return 0
+
+
+def _print_summary(summary: dict, cfg, as_json: bool, cached_note: str = "") -> None:
+    """The run's table (the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every
+    difference), its notes, cache hits, MLflow run and UI commands; with `as_json`, the summary as the last line."""
+    from ttt_pipeline.cli.console import summary_table, ui_lines
     from ttt_pipeline.io.report import run_link
 
-    # the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every difference
     print("\n" + summary_table(summary, cfg))
-    note = " (download prepared by this run's input check)" if download_built else ""
-    tasks = f"{summary['cached_tasks']}/{len(summary['cached'])}"  # 5, or 6 with the attribute step
-    print(f"cached tasks: {tasks}{note}   wall time: {summary['wall_s']:.1f} s")
+    for note in summary.get("notes") or []:
+        print(f"note: {note}")
+    tasks = f"{summary['cached_tasks']}/{len(summary['cached'])}"  # the flow's tasks (run: 5, or 6 with attribute)
+    print(f"cached tasks: {tasks}{cached_note}   wall time: {summary['wall_s']:.1f} s")
     print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
           f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
-    if args.json:
+    if as_json:
         sys.stdout.flush()
         print(json.dumps(summary, default=str))
-    return 0
 
 
 def cmd_evaluate(args) -> int:
     """A classifier fine-tuned elsewhere through the evaluate grid (the `evaluate-model` flow); no training."""
-    from ttt_pipeline.cli.console import setup_run_logging, summary_table, ui_lines
+    from ttt_pipeline.cli.console import setup_run_logging
     from ttt_pipeline.cli.stopping import StopOnSignal
     from ttt_pipeline.config import absolute_paths, load_config
     from ttt_pipeline.errors import ConfigError
@@ -176,17 +183,7 @@ def cmd_evaluate(args) -> int:
         from ttt_pipeline.flows.evaluate_model import evaluate_model
 
         summary = evaluate_model(config=cfg)
-    from ttt_pipeline.io.report import run_link
-
-    print("\n" + summary_table(summary, cfg))
-    for note in summary["notes"]:
-        print(f"note: {note}")
-    print(f"cached tasks: {summary['cached_tasks']}/{len(summary['cached'])}   wall time: {summary['wall_s']:.1f} s")
-    print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
-          f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
-    if args.json:
-        sys.stdout.flush()
-        print(json.dumps(summary, default=str))
+    _print_summary(summary, cfg, args.json)
     return 0
 
 

@@ -10,15 +10,13 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.flows.forms import name_presets
-from ttt_pipeline.flows.pipeline import _run, finish
+from ttt_pipeline.flows.pipeline import _run, finish, open_run
 from ttt_pipeline.flows.stopping import reclaim
-from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.storage import StepOutput
 from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, import_model_task, log_stage_task
 
@@ -44,12 +42,7 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
         raise ConfigError("model.classifier is not set: there is no model to evaluate",
                           "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI, or set model.classifier (the "
                           "deployment's form: overrides {\"model.classifier\": \"models:/NAME@ALIAS\"})")
-    tracker = Tracker.from_config(cfg.tracking)
-    tracker.check()
-    parent = tracker.start(cfg.tracking.run_name, tags={
-        "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": "evaluate-model",
-        "model": cfg.model.classifier, "data": cfg.data.path})
-    tracker.params(parent, cfg.flat())
+    tracker, parent = open_run(cfg, "evaluate-model", cfg.model.classifier)
     cached: dict[str, bool] = {}
     try:
         data, cached["download"] = _run(download_task, cfg)

@@ -69,12 +69,7 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
         from ttt_pipeline.evaluation.attribution import require_traker
 
         require_traker()
-    tracker = Tracker.from_config(cfg.tracking)
-    tracker.check()
-    parent = tracker.start(cfg.tracking.run_name, tags={
-        "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": "ttt-pipeline",
-        "model": cfg.model.name, "data": cfg.data.path})
-    tracker.params(parent, cfg.flat())
+    tracker, parent = open_run(cfg, "ttt-pipeline", cfg.model.name)
     cached: dict[str, bool] = {}
     try:
         data, cached["download"] = _run(download_task, cfg)
@@ -101,6 +96,17 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
         tracker.end(parent, "FAILED")
         raise
     return finish(cfg, tracker, parent, logged, cached, model, data, t0)
+
+
+def open_run(cfg: PipelineConfig, flow_name: str, model: str) -> tuple[Tracker, str]:
+    """The tracking store checked, and the flow's parent MLflow run started with its tags and every parameter."""
+    tracker = Tracker.from_config(cfg.tracking)
+    tracker.check()
+    parent = tracker.start(cfg.tracking.run_name, tags={
+        "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": flow_name, "model": model,
+        "data": cfg.data.path})
+    tracker.params(parent, cfg.flat())
+    return tracker, parent
 
 
 def finish(cfg: PipelineConfig, tracker: Tracker, parent: str, logged: dict, cached: dict[str, bool], model: dict,
