@@ -185,7 +185,7 @@ def registered(tmp: Path) -> list[str]:
     ("remote-code", [], ["auto_map", "model.trust_remote_code=true"]),
     ("distilbert", ["ttt.mlm_from=BERT_BASE"], ["ttt.mlm_from", "does not match the classifier's"]),
     ("models:/no-such-model@champion", [], ["models:/no-such-model@champion: not found in the MLflow registry"]),
-    ("./not/a/folder", [], ["does not exist"]),
+    ("./not/a/folder", [], ["model.classifier '", "not/a/folder", "does not exist"]),
 ])
 def test_bad_input_stops_in_seconds_with_error_and_hint_and_registers_nothing(models, bad, tmp_path, capsys, case,
                                                                               sets, words):

@@ -82,8 +82,9 @@ def load_source(src: Source, trust_remote_code: bool):
 
     if src.local:
         check_folder(src, trust_remote_code)
-    else:
-        check_local_source(src.name, src.model)
+    elif src.model.startswith((".", "/", "~")):  # a path that is not there is a typo, not a hub id
+        raise ConfigError(f"{FIELD} '{src.name}': folder {src.model} does not exist",
+                          "give a model folder, an MLflow model URI (models:/NAME@ALIAS) or a hub id")
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.tokenizer, trust_remote_code=trust_remote_code)
         model, info = AutoModelForSequenceClassification.from_pretrained(
