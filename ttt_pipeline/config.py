@@ -453,7 +453,9 @@ class RegistryConfig(Section):
         """The logged metric that decides the alias: acc_default -> acc_corrupted_<defense tag>."""
         if self.metric != "acc_default":
             return self.metric
-        return "acc_corrupted" if defense == "none" else f"acc_corrupted_{defense_tag(defense)}"
+        from ttt_pipeline.defenses.registry import method_tag
+
+        return "acc_corrupted" if defense == "none" else f"acc_corrupted_{method_tag(defense)}"
 
 
 class NightlyConfig(Section):
@@ -595,11 +597,6 @@ class PipelineConfig(Section):
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
-
-
-def defense_tag(method: str) -> str:
-    """MLflow-safe short name of a method: masked_ttt -> ttt, spell+masked_ttt -> spell-ttt."""
-    return method.replace("masked_ttt", "ttt").replace("+", "-")
 
 
 def classifier_name(source: str) -> str:

@@ -54,6 +54,12 @@ REPAIRS: dict[str, Entry] = {
 MASKED = {name for name, entry in ENGINES.items() if entry.masked}
 
 
+def method_tag(method: str) -> str:
+    """A method's MLflow-safe short name, the one spelling of metric names and logged keys: masked_ttt -> ttt,
+    spell+masked_ttt -> spell-ttt."""
+    return method.replace("masked_ttt", "ttt").replace("+", "-")
+
+
 def needs_mlm(method: str) -> bool:
     """Whether the method's engine adapts on the MLM head's loss (masked TTT and its recipes)."""
     return ENGINES[parse(method).engine].mlm

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ttt_pipeline.defenses.registry import method_tag
 from ttt_pipeline.metrics import recovered_fraction, summarize
 from ttt_pipeline.modeling.tokenize import encode_texts
 from ttt_pipeline.modeling.train import make_collate
@@ -124,11 +125,6 @@ def headline(rows: list[dict], default_defense: str | None = None) -> dict:
     if f1:
         out["macro_f1_clean"] = f1[0]
     return {k: v for k, v in out.items() if v is not None}
-
-
-def method_tag(method: str) -> str:
-    """MLflow-safe short name of a method: masked_ttt -> ttt, spell+masked_ttt -> spell-ttt."""
-    return method.replace("masked_ttt", "ttt").replace("+", "-")
 
 
 def metric_name(row: dict) -> str:
