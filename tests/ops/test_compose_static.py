@@ -227,7 +227,9 @@ def test_each_flow_runs_the_preset_its_form_names(module, name, monkeypatch):
     def configured(tracking):
         raise _Configured(tracking)
 
-    monkeypatch.setattr(mod.Tracker, "from_config", staticmethod(configured))
+    from ttt_pipeline.io.tracking import Tracker  # the one class every flow opens its run with
+
+    monkeypatch.setattr(Tracker, "from_config", staticmethod(configured))
     form = {"preset": "mdsd-electronics", "overrides": {"tracking.run_name": "from-the-form",
                                                          "model.classifier": "models:/my-classifier@prod"}}
     with pytest.raises(_Configured) as got:
