@@ -18,18 +18,10 @@ from ttt_pipeline.defenses.params import layernorm_parameters, select_parameters
 from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.modeling.model import special_token_ids
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 SETTINGS = EngineSettings(precision="fp32")
 # the tiny random classifier is never confident: confidence 0 lets every review supply targets
 BOLD = dict(lr=1e-2, steps=3, confidence=0.0, view_mask_rate=0.3)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny kernels on a busy 2-core machine: one thread is faster (see tests/ttt/conftest.py)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def engine(tiny_clf, cls=AnchoredTTA, settings: EngineSettings = SETTINGS, **own):

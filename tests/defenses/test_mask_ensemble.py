@@ -11,16 +11,8 @@ from ttt_pipeline.defenses.mask_ensemble import MaskEnsemble, default_copies
 from ttt_pipeline.defenses.masked_ttt import MaskedTTT
 from ttt_pipeline.modeling.model import special_token_ids
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = REVIEWS
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny kernels on a busy 2-core machine: one thread is faster (see tests/ttt/conftest.py)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def batch(tok, texts, length=None):
