@@ -118,7 +118,7 @@ def test_caches_change_no_output(monkeypatch):
     first = cached.repair_all(texts)
     assert cached.repair_all(texts) == first  # a second, fully cached pass
     assert cached._ranks and cached._tokens and cached._cache
-    monkeypatch.setattr(spell, "_CACHE_LIMIT", 1)
+    monkeypatch.setattr(spell.cache, "_CACHE_LIMIT", 1)
     uncached = SpellRepair()
     assert uncached.repair_all(texts) == first
     assert max(len(uncached._ranks), len(uncached._tokens), len(uncached._cache)) <= 1
@@ -126,7 +126,7 @@ def test_caches_change_no_output(monkeypatch):
 
 
 def test_caches_are_bounded(monkeypatch):
-    monkeypatch.setattr(spell, "_CACHE_LIMIT", 50)
+    monkeypatch.setattr(spell.cache, "_CACHE_LIMIT", 50)
     texts = _sample()
     repair = SpellRepair()
     sizes = []
@@ -180,7 +180,7 @@ def test_glyphs_leave_numbers_units_and_model_names():
 def test_digit_letters_come_from_the_own_ocr_and_keyboard_families():
     from ttt_pipeline.corruption.characters import KEYBOARD_NEIGHBOURS, OCR_SINGLE
 
-    table = spell._digit_letters()
+    table = spell.dictionary._digit_letters()
     assert table["0"] == "op" and table["1"] == "ilq" and table["9"] == "gio"
     for letter, written in [*OCR_SINGLE.items(), *KEYBOARD_NEIGHBOURS.items()]:
         for digit in (c for c in written if c.isdigit() and letter.isalpha()):
@@ -228,7 +228,7 @@ def _symspellpy_candidates(repair: SpellRepair, queries: list[tuple[str, int]]) 
     """What SpellRepair._candidates gave before the index: each dictionary's lookup, the nearest kept."""
     out = []
     for word, limit in queries:
-        found = [(f.term, f.distance, f.count) for sym in (spell._base(repair.max_edit_distance), repair._extra)
+        found = [(f.term, f.distance, f.count) for sym in (spell.dictionary._base(repair.max_edit_distance), repair._extra)
                  if sym is not None
                  for f in sym.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit)]
         nearest = min((d for _, d, _ in found), default=0)
@@ -259,7 +259,7 @@ def test_within_is_symspellpy_damerau_osa():
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
     assert len(pairs) > 100_000 and set(d.tolist()) == {-1, 0, 1, 2}
     for k in (1, 2):
-        assert (spell._osa_within(a, b, k) == ((0 <= d) & (d <= k))).all()
+        assert (spell.index._osa_within(a, b, k) == ((0 <= d) & (d <= k))).all()
 
 
 @pytest.mark.parametrize("max_edit_distance", [1, 2])
@@ -282,17 +282,17 @@ def test_ties_are_ordered_as_the_whole_dictionarys_search_orders_them(max_edit_d
     """Where closest words share a count, _tie_ordered's search over those words alone gives the order of symspellpy's
     search over the whole shipped dictionary (which then need not load): every 2- and 3-letter string and typos of
     dictionary words, at limits 1 and 2."""
-    index = spell._base_index(max_edit_distance)
-    words = sorted(w for w in spell._counts() if w.isalpha() and len(w) >= 4)
+    index = spell.index._base_index(max_edit_distance)
+    words = sorted(w for w in spell.dictionary._counts() if w.isalpha() and len(w) >= 4)
     strings = {"".join(t) for n in (2, 3) for t in itertools.product(string.ascii_lowercase, repeat=n)}
-    queries = [(q, limit) for q in sorted(strings | _typos(words, 4000, seed=11)) if q not in spell._counts()
+    queries = [(q, limit) for q in sorted(strings | _typos(words, 4000, seed=11)) if q not in spell.dictionary._counts()
                for limit in (1, 2)]
-    tied = [(q, found) for q, found in zip(queries, spell._closest(index, None, queries)) if found[2] is not None]
-    full = spell._base(max_edit_distance)
+    tied = [(q, found) for q, found in zip(queries, spell.index._closest(index, None, queries)) if found[2] is not None]
+    full = spell.dictionary._base(max_edit_distance)
     assert len(tied) >= 20
     for (word, limit), (_, _, load) in tied:
         expected = tuple((f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit))
-        assert spell._tie_ordered(index, None, word, limit, load) == expected, word
+        assert spell.index._tie_ordered(index, None, word, limit, load) == expected, word
 
 
 @pytest.mark.parametrize("max_edit_distance", [1, 2, 3])
@@ -300,18 +300,18 @@ def test_ties_keep_the_whole_searchs_order_where_every_count_is_equal(max_edit_d
     """The same under heavy ties: 3,000 real words sharing one count (as vocabulary words do), so every answer of
     two or more words is a tie; typos of them at limits 1 and 2 (only 1 at edit distance 1)."""
     rng = random.Random(5)
-    words = sorted(rng.sample(sorted(w for w in spell._counts() if w.isalpha() and 2 <= len(w) <= 12), 3000))
-    full = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=spell._PREFIX_LENGTH)
+    words = sorted(rng.sample(sorted(w for w in spell.dictionary._counts() if w.isalpha() and 2 <= len(w) <= 12), 3000))
+    full = SymSpell(max_dictionary_edit_distance=max_edit_distance, prefix_length=spell.dictionary._PREFIX_LENGTH)
     for w in words:
         full.create_dictionary_entry(w, 1000)
-    index = spell._DeleteIndex(full.words, max_edit_distance)
+    index = spell.index._DeleteIndex(full.words, max_edit_distance)
     queries = [(q, limit) for q in sorted(_typos(words, 8000, seed=max_edit_distance) - set(words))
                for limit in sorted({1, min(2, max_edit_distance)})]
-    tied = [(q, found) for q, found in zip(queries, spell._closest(index, None, queries)) if found[2] is not None]
+    tied = [(q, found) for q, found in zip(queries, spell.index._closest(index, None, queries)) if found[2] is not None]
     assert len(tied) > 100
     for (word, limit), (_, _, load) in tied:
         expected = tuple((f.term, f.count) for f in full.lookup(word, Verbosity.CLOSEST, max_edit_distance=limit))
-        assert spell._tie_ordered(index, None, word, limit, load) == expected, word
+        assert spell.index._tie_ordered(index, None, word, limit, load) == expected, word
 
 
 def test_undouble_skips_only_words_no_known_word_undoubles_from(repair):
@@ -320,13 +320,13 @@ def test_undouble_skips_only_words_no_known_word_undoubles_from(repair):
     typos of them."""
     vocabulary = SpellRepair(extra_vocabulary=["zorbbix zorbbix"] * 2)
     rng = random.Random(3)
-    words = rng.sample(sorted(w for w in spell._counts() if w.isalpha() and len(w) >= 3), 3000) + ["zorbbix"]
+    words = rng.sample(sorted(w for w in spell.dictionary._counts() if w.isalpha() and len(w) >= 3), 3000) + ["zorbbix"]
     typos = [w[:i] + w[i] * rng.choice((1, 2)) + w[i:] for w in words for i in [rng.randrange(len(w))]]
-    checked = [t for t in typos + words + sorted(_typos(words, 3000, seed=4)) if spell._DOUBLE.search(t)]
+    checked = [t for t in typos + words + sorted(_typos(words, 3000, seed=4)) if spell.repair._DOUBLE.search(t)]
     skipped = 0
     for word in checked:
         for r in (repair, vocabulary):
-            found = any(r._known(v) for v in spell._undoubled(word))
+            found = any(r._known(v) for v in spell.dictionary._undoubled(word))
             assert r._may_undouble(word) or not found, word
             skipped += not r._may_undouble(word)
     assert len(checked) > 2000 and skipped > 100
@@ -345,9 +345,9 @@ def test_a_repair_does_not_load_symspellpys_index_of_the_whole_dictionary():
         typos = corrupt_texts(texts, "tutorial", 4, 1).texts + corrupt_texts(texts, "keyboard", 4, 1).texts
         for distance, vocabulary in ((1, None), (2, None), (2, texts)):
             assert spell.SpellRepair(distance, vocabulary).repair_all(typos) != typos
-        print(spell._base.cache_info().currsize, end=" ")
+        print(spell.dictionary._base.cache_info().currsize, end=" ")
         spell.SpellRepair(3).repair_all(typos[:5])
-        print(spell._base.cache_info().currsize)
+        print(spell.dictionary._base.cache_info().currsize)
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["0", "1"]
@@ -355,7 +355,7 @@ def test_a_repair_does_not_load_symspellpys_index_of_the_whole_dictionary():
 
 def test_counts_are_the_dictionary_symspellpy_loads():
     """_counts reads the shipped dictionary as symspellpy's load_dictionary does: same words, counts and order."""
-    counts, loaded = spell._counts(), spell._base(2).words
+    counts, loaded = spell.dictionary._counts(), spell.dictionary._base(2).words
     assert counts == loaded and list(counts) == list(loaded) and len(counts) > 80_000
 
 
@@ -363,27 +363,27 @@ def test_level_finds_exactly_the_entries_under_each_hash():
     """_Level's buckets (top bits of the mixed key) return every indexed entry whose hash equals a query's and no
     other, for spellings of every length: one letter (the smallest keys), words sharing deletes, absent ones."""
     words = ["a", "ab", "ba", "abc", "cab", "the", "tea", "eat", "battery", "batteries", "zzz"]
-    hashes, owners, first, second = spell._delete_hashes(words, (0, 1, 2))
-    level = spell._Level(hashes, owners, first, second)
+    hashes, owners, first, second = spell.index._delete_hashes(words, (0, 1, 2))
+    level = spell.index._Level(hashes, owners, first, second)
     queries = ["a", "b", "ab", "tae", "batery", "q", "zz", "xyzw"]
-    q_hashes, q_owners, q_first, q_second = spell._delete_hashes(queries, (0, 1))
+    q_hashes, q_owners, q_first, q_second = spell.index._delete_hashes(queries, (0, 1))
     got = level.pairs(q_hashes, q_owners, q_first, q_second)
     expected = sorted((int(o), int(r), int(f), int(s), int(wf), int(ws))
                       for h, o, f, s in zip(q_hashes, q_owners, q_first, q_second)
                       for hh, r, wf, ws in zip(hashes, owners, first, second) if hh == h)
     assert sorted(zip(*(column.tolist() for column in got))) == expected
     assert len(expected) > 20 and {o for o, *_ in expected} >= {0, 1, 2, 3, 4}
-    empty = spell._Level(*(column[:0] for column in (hashes, owners, first, second)))
+    empty = spell.index._Level(*(column[:0] for column in (hashes, owners, first, second)))
     assert all(len(column) == 0 for column in empty.pairs(q_hashes, q_owners, q_first, q_second))
 
 
 def test_real_word_rewrites_are_the_rule_on_every_dictionary_word():
     """_real_words (found once per dictionary) is the rule itself: a word rarer than 10^7 -> the anagram 1,000x
     as frequent; frequent words and words without one are absent."""
-    table, counts = spell._real_words(), spell._counts()
+    table, counts = spell.dictionary._real_words(), spell.dictionary._counts()
     assert table["rae"] == "are" and "are" not in table and "the" not in table
     for word, other in table.items():
-        assert counts[word] < spell.REAL_WORD_MAX_COUNT and counts[other] >= spell.REAL_WORD_RATIO * counts[word]
+        assert counts[word] < spell.dictionary.REAL_WORD_MAX_COUNT and counts[other] >= spell.dictionary.REAL_WORD_RATIO * counts[word]
         assert sorted(word) == sorted(other) and word != other
     assert SpellRepair(fixes=("real_word",)).repair("rae you there") == "are you there"
     assert SpellRepair(fixes=("case",)).repair("rae you there") == "rae you there"
