@@ -1,7 +1,8 @@
-"""The one typed configuration: the flow parameter, the CLI's --set target and the YAML presets' schema.
+"""The configuration's schema: one typed section per stage, and `PipelineConfig`, the whole pipeline.
 
-Every field is validated at the edge so a bad value stops the run before any work, with a message that
-names the field and the fix.
+`PipelineConfig` is the flow parameter (the Prefect UI renders it as a form), the YAML presets' schema and the
+target of `--set`. Every field is validated at the edge so a bad value stops the run before any work, with a
+message that names the field and the fix. Unknown keys are errors.
 """
 
 from __future__ import annotations
@@ -11,17 +12,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from ttt_pipeline.defenses.base import EngineSettings
 from ttt_pipeline.errors import ConfigError
-
-# The presets ship inside the package (preset_files), so `--config demo` works from a wheel in any folder; `./`
-# paths in a config file are relative to that file (`_file_relative`).
-from ttt_pipeline.preset_files import PRESETS_DIR, preset_names  # noqa: F401 (re-exported)
-
-PATH_FIELDS = (("data", "path"), ("data", "test_path"), ("finetune", "unlabeled_path"), ("nightly", "data_path"))
 
 
 class Section(BaseModel):
@@ -388,6 +382,7 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+
 class EvaluationConfig(Section):
     """How differences are judged: paired bootstrap intervals and exact McNemar tests (ttt_pipeline.evaluation.stats)."""
 
@@ -619,217 +614,3 @@ def task_of(path: str) -> str:
     stem = p.name.split(".")[0] if p.suffix else p.name
     return f"{p.parent.name}-{stem}" if p.parent.name not in ("", ".", "..") else stem
 
-
-def _format_errors(err: ValidationError, origin: str) -> str:
-    lines = []
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden" and field.startswith("ttt.") and field[4:] in MOVED_KEYS:
-            msg = f"moved to ttt.{MOVED_KEYS[field[4:]]} (each defense owns its settings)"
-        elif e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `ttt-pipeline config --schema` lists the fields)"
-        lines.append(f"config field '{field}': {msg}")
-    return f"invalid configuration from {origin}: " + "; ".join(lines)
-
-
-class YAMLLoader(yaml.SafeLoader):
-    """PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string; YAML 1.2 (and every user) reads a float.
-
-    Presets and `--set` values load through this, so the value echoed in run parameters is the float the config
-    uses. Quoted scalars stay strings.
-    """
-
-
-class YAMLDumper(yaml.SafeDumper):
-    """Quotes the strings YAMLLoader would read as floats (a label "1e3"), so a dumped config loads back."""
-
-
-FLOAT_1_2 = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-for _cls in (YAMLLoader, YAMLDumper):
-    _cls.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_1_2, list("-+0123456789."))
-
-
-def dump_yaml(data: Any) -> str:
-    return yaml.dump(data, Dumper=YAMLDumper, sort_keys=False)
-
-
-def load_yaml(text: str) -> Any:
-    """Safe YAML through YAMLLoader: the body of yaml.load, whose call the security test bans by name."""
-    loader = YAMLLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def parse_value(raw: str) -> Any:
-    """`--set k=v` values are YAML scalars/lists, so `3`, `1e-4`, `[a, b]` and `null` get their types."""
-    try:
-        return load_yaml(raw)
-    except yaml.YAMLError:
-        return raw
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set '{item}' is not KEY=VALUE", "write e.g. --set finetune.epochs=2")
-        key, raw = item.split("=", 1)
-        _set_path(data, key, parse_value(raw), f"--set {key}")
-    return data
-
-
-def _set_path(data: dict[str, Any], key: str, value: Any, origin: str) -> None:
-    """`data["finetune"]["epochs"] = value` for the key `finetune.epochs`: the value replaces what is there."""
-    parts = key.strip().split(".")
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{origin}: '{p}' is not a section", "use section.field, e.g. data.path")
-    node[parts[-1]] = value
-
-
-def _section_type(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
-    field = model.model_fields.get(name) if model is not None else None
-    ann = field.annotation if field is not None else None
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-
-
-def dotted_overrides(overrides: dict[str, Any], model: type[BaseModel] | None = None,
-                     prefix: str = "") -> dict[str, Any]:
-    """A mapping of overrides as dotted keys: `{"finetune": {"epochs": 2}}` and `{"finetune.epochs": 2}` both give
-    `{"finetune.epochs": 2}`. Mappings are opened only where the key names a section, so a dict-valued field
-    (`data.shift`, `data.label_map`) is replaced whole, as `--set data.shift={}` replaces it."""
-    model = PipelineConfig if model is None else model
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        *parents, last = str(key).split(".")
-        node: type[BaseModel] | None = model
-        for p in parents:
-            node = _section_type(node, p)
-        section = _section_type(node, last)
-        if section is not None and isinstance(value, dict):
-            out.update(dotted_overrides(value, section, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def resolve_preset(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    for cand in (PRESETS_DIR / name_or_path, PRESETS_DIR / f"{name_or_path}.yaml"):
-        if cand.is_file():
-            return cand
-    raise ConfigError(
-        f"config '{name_or_path}' not found (no such file, and no preset of that name)",
-        f"pass a YAML file or one of the presets: {', '.join(preset_names())}",
-    )
-
-
-def load_config(name_or_path: str | None = None, overrides: list[str] | None = None,
-                updates: dict[str, Any] | None = None) -> PipelineConfig:
-    """A preset (a name or a YAML file; None: the defaults) with `--set KEY=VALUE` overrides (values read as YAML)
-    and `updates`, a mapping of typed values (`dotted_overrides`: the Prefect form's overrides), on top."""
-    data: dict[str, Any] = {}
-    origin = "defaults"
-    if name_or_path:
-        path = resolve_preset(name_or_path)
-        origin = str(path)
-        try:
-            data = load_yaml(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of sections", "see configs/demo.yaml")
-        data = _file_relative(data, path.parent)
-    if overrides:
-        data = apply_overrides(data, overrides)
-        origin += " + --set"
-    return _validated(data, updates, origin)
-
-
-def _validated(data: dict[str, Any], updates: dict[str, Any] | None, origin: str) -> PipelineConfig:
-    for key, value in dotted_overrides(updates or {}).items():
-        _set_path(data, key, value, f"overrides {key}")
-    origin += " + overrides" if updates else ""
-    try:
-        return PipelineConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, origin), "fix the field named above") from None
-
-
-def _file_relative(data: dict, folder: Path) -> dict:
-    """A config file's `./` paths start at its own folder (a preset's bundled reviews, a project's config beside
-    its data); every other relative path starts at the current folder, as on the command line."""
-    def fix(value):
-        return str((folder / value).resolve()) if isinstance(value, str) and value.startswith("./") else value
-
-    for section, key in PATH_FIELDS:
-        node = data.get(section)
-        if isinstance(node, dict) and key in node:
-            node[key] = fix(node[key])
-    shift = data.get("data", {}).get("shift") if isinstance(data.get("data"), dict) else None
-    if isinstance(shift, dict):
-        data["data"]["shift"] = {k: fix(v) for k, v in shift.items()}
-    return data
-
-
-def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
-    """A copy whose local paths (data, shift sets, store, artifact root, sqlite database, a local model folder) are
-    absolute, taken from the current folder once: the command line, a deployment's worker in another folder and the
-    UI then read the same files. URLs (`gdown://`, `hf://`, `s3://`, `pypi:` models) are left as they are."""
-    def local(value: str) -> str:
-        return value if "://" in value else str(Path(value).expanduser().resolve())
-
-    cfg = cfg.model_copy(deep=True)
-    cfg.store, cfg.tracking.artifact_root = local(cfg.store), local(cfg.tracking.artifact_root)
-    uri = cfg.tracking.tracking_uri
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        cfg.tracking.tracking_uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    d = cfg.data
-    d.path = local(d.path)
-    d.test_path = local(d.test_path) if d.test_path else d.test_path
-    d.shift = {k: local(v) for k, v in d.shift.items()}
-    cfg.model.name = _local_model(cfg.model.name)
-    cfg.model.classifier = cfg.model.classifier and _local_model(cfg.model.classifier)
-    cfg.ttt.mlm_from = cfg.ttt.mlm_from and _local_model(cfg.ttt.mlm_from)
-    return cfg
-
-
-def _local_model(name: str) -> str:
-    """A model folder's absolute path; a hub id, an MLflow URI or a `pypi:` model as it is."""
-    if "://" in name or ":/" in name or name.startswith("pypi:"):
-        return name
-    if name.startswith((".", "~")) or Path(name).expanduser().exists():
-        return str(Path(name).expanduser().resolve())
-    return name
-
-
-DEFAULT_PRESET = "demo"
-
-
-def default_config() -> PipelineConfig:
-    """The flows' default `config` (the Prefect UI's form, the deployments): the demo preset, a measured recipe
-    that runs offline on the shipped reviews from the project folder."""
-    return load_config(DEFAULT_PRESET)
-
-
-def flow_config(config: PipelineConfig | None = None, preset: str | None = None,
-                overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """The configuration a flow runs with, from its parameters: `config`, a whole PipelineConfig (what the command
-    line passes), else `preset` by name (a deployment's form; None: the demo preset), each with `overrides` on top,
-    a mapping of dotted keys or sections (`{"model.classifier": "models:/my-classifier@prod"}`).
-
-    `config` takes the place of `preset` rather than clashing with it: Prefect merges a run's parameters into the
-    deployment's defaults, so `--params '{"config": ...}'` arrives beside the deployment's `preset: demo`. The
-    preset is read when the flow runs, on the worker, so its bundled files resolve in the package installed there.
-    """
-    if config is None:
-        return load_config(preset or DEFAULT_PRESET, updates=overrides)
-    if not overrides:
-        return config
-    return _validated(config.model_dump(mode="python"), overrides, "config")
