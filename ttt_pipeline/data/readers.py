@@ -1,9 +1,11 @@
-"""Local file readers: every format becomes a pandas DataFrame, or a clear DataError naming the file."""
+"""Local file readers: every format becomes a pandas DataFrame, or a clear DataError naming the file.
+
+The training data's readers: whole files, any bad record an error. Batch prediction streams the same formats
+record by record (`records`); both take their codec from `encodings` and share the messages below."""
 
 from __future__ import annotations
 
 import bz2
-import codecs
 import gzip
 import html
 import io
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ttt_pipeline.data.encodings import text_encoding
 from ttt_pipeline.errors import DataError
 
 SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
@@ -21,50 +24,8 @@ SUFFIXES = {".csv", ".tsv", ".json", ".jsonl", ".parquet", ".pt"}
 COMPRESSED = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
 TEXT_SUFFIXES = {".csv", ".tsv", ".json", ".jsonl"}
 MAX_DECOMPRESSED = 1 << 31
-
-
-# Byte-order marks, longest first (UTF-32 LE starts with UTF-16 LE's mark). Spreadsheet programs and Windows
-# editors write them: "Unicode text" from Excel is UTF-16 with a mark, "CSV UTF-8" is UTF-8 with one.
-BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
-
-
-def _convert_hint(path: Path, source: str) -> str:
-    out = path.with_name(f"{path.stem}-utf8{path.suffix}")
-    return f"convert it to UTF-8: `iconv -f {source} -t UTF-8 {path} > {out}`, then read {out.name}"
-
-
-def text_encoding(path: Path, raw: bytes | None = None) -> str:
-    """The codec that reads a text file (or `raw`, its decompressed bytes): UTF-8, or UTF-8 / UTF-16 / UTF-32
-    announced by a byte-order mark (the codec drops the mark). Anything else is a DataError whose hint gives the
-    conversion command; UTF-16 without a mark (NUL bytes between ASCII letters) is recognised and named."""
-    raw = path.read_bytes() if raw is None else raw
-    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8-sig")
-    head = raw[:4096]
-    if encoding == "utf-8-sig" and len(head) >= 4 and head.count(0) * 3 >= len(head):
-        # ASCII stored two bytes per character (valid UTF-8, full of NULs): UTF-16 whose mark was stripped
-        source = "UTF-16LE" if head[1::2].count(0) > head[0::2].count(0) else "UTF-16BE"
-        raise DataError(f"{path}: UTF-16 text without a byte-order mark ({source}, by its zero bytes)",
-                        _convert_hint(path, source))
-    try:
-        raw.decode(encoding)
-        return encoding
-    except UnicodeDecodeError as exc:
-        if encoding != "utf-8-sig":
-            name = encoding.upper()
-            raise DataError(f"{path}: starts with a {name} byte-order mark but is not valid {name} (byte offset "
-                            f"{exc.start})", "re-export the file; " + _convert_hint(path, name)) from None
-        raise DataError(f"{path}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                        "re-save the file as UTF-8; from Latin-1 / Windows-1252: " + _convert_hint(path, "CP1252")
-                        ) from None
-
-
-def _check_utf8(path: Path) -> None:
-    """Refuse a file that is not UTF-8 (with or without a byte-order mark), with the conversion command."""
-    encoding = text_encoding(path)
-    if encoding != "utf-8-sig":
-        raise DataError(f"{path}: {encoding.upper()} text (byte-order mark); this reader takes UTF-8",
-                        _convert_hint(path, encoding.upper()))
+# The keys under which a JSON object may hold its list of records ({"data": [...]})
+JSON_LIST_KEYS = ("data", "rows", "records", "reviews")
 
 
 def decompressed(path: Path) -> bytes:
@@ -154,6 +115,17 @@ def read_jsonl(path: Path, raw: bytes | None = None) -> pd.DataFrame:
     return _frame(rows, path, linenos)
 
 
+def wrapped_records(obj):
+    """`{"reviews": [{...}, ...]}`: the list of objects under one of JSON_LIST_KEYS, as batch prediction reads it
+    (rather than a one-column table whose cells are the objects); anything else as it is."""
+    if isinstance(obj, dict):
+        for key in JSON_LIST_KEYS:
+            value = obj.get(key)
+            if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+                return value
+    return obj
+
+
 def read_json(path: Path, raw: bytes | None = None) -> pd.DataFrame:
     encoding = text_encoding(path, raw)
     text = path.read_text(encoding=encoding) if raw is None else raw.decode(encoding)
@@ -166,12 +138,13 @@ def read_json(path: Path, raw: bytes | None = None) -> pd.DataFrame:
     except (RecursionError, ValueError) as exc:  # absurd nesting, ints past 4300 digits
         raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
                         "give a flat list of review objects") from None
+    obj = wrapped_records(obj)
     if isinstance(obj, dict):
         if all(isinstance(v, list) for v in obj.values()):
             if len({len(v) for v in obj.values()}) > 1:
                 raise DataError(f"{path}: columns of different lengths", "give equal-length lists")
             return _frame(obj, path)
-        for key in ("data", "rows", "records", "reviews"):
+        for key in JSON_LIST_KEYS:
             if isinstance(obj.get(key), list):
                 obj = obj[key]
                 break
@@ -182,12 +155,16 @@ def read_json(path: Path, raw: bytes | None = None) -> pd.DataFrame:
     return _frame(obj, path)
 
 
+def parquet_error(path: Path, exc: Exception) -> DataError:
+    return DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
+                     "check the file is a complete Parquet file")
+
+
 def read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises many types for a damaged file
-        raise DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
-                        "check the file is a complete Parquet file") from None
+        raise parquet_error(path, exc) from None
 
 
 def read_pt(path: Path, columns: list[str]) -> pd.DataFrame:

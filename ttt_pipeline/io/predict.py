@@ -9,7 +9,8 @@ added; an input field of one of those names is kept as `input_<name>`. The outpu
 (written beside it, then renamed): an error leaves no partial file.
 
 Streaming: the input is read twice, in chunks of CHUNK_ROWS rows (Parquet by record batches): once to check
-every row, then to classify and write chunk by chunk, so memory does not grow with the file. Chunks are whole
+every row, then to classify and write chunk by chunk, so memory does not grow with the file. The records come
+from `ttt_pipeline.data.records`, which shares the training data's encoding check and JSON layouts. Chunks are whole
 model batches (`ttt.batch_size`), so each batch, and each prediction, is the one a single pass would give. Two
 exceptions read the whole input at once: a JSON file (one array: JSON Lines streams) and online TTT
 (`ttt.online`, whose adapted weights carry from batch to batch over the whole input).
@@ -17,7 +18,6 @@ exceptions read the whole input at once: a JSON file (one array: JSON Lines stre
 
 from __future__ import annotations
 
-import codecs
 import csv
 import json
 import os
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ttt_pipeline.data.records import STREAMED, records
 from ttt_pipeline.errors import ConfigError, DataError
 
-INPUTS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
+INPUTS = STREAMED
 OUTPUTS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 ADDED = ("label", "probability", "probabilities")
 LISTED = 10  # bad rows named in a message
 PROGRESS_MIN = 200  # inputs at least this long get a progress bar
-_PIECE = 1 << 20  # bytes decoded at a time by the encoding check
 CHUNK_ROWS = 1024  # rows read, classified and written at a time (rounded down to whole batches, at least one)
 
 
@@ -86,153 +86,6 @@ def _missing(value: Any) -> bool:
 # ---------------------------------------------------------------------- reading
 
 
-def _encoding(path: Path) -> str:
-    """UTF-8, or the UTF-16 / UTF-32 a byte-order mark announces (a spreadsheet's "Unicode text" export), as the
-    pipeline's own data reader (`text_encoding`) takes, without holding the file: the mark and the check for
-    UTF-16 without one read its head, the decoding check streams in pieces. A file that fails either is handed
-    to `text_encoding` itself, whose error names the problem and the conversion command (that path reads the
-    whole file, once, to fail)."""
-    from ttt_pipeline.data.readers import BOMS, text_encoding
-
-    with open(path, "rb") as f:
-        head = f.read(_PIECE)
-        encoding = next((enc for bom, enc in BOMS if head.startswith(bom)), "utf-8-sig")
-        first = head[:4096]
-        if encoding == "utf-8-sig" and len(first) >= 4 and first.count(0) * 3 >= len(first):
-            return text_encoding(path)  # raises: UTF-16 whose mark was stripped
-        decoder = codecs.getincrementaldecoder(encoding)()
-        try:
-            piece = head
-            while piece:
-                decoder.decode(piece)
-                piece = f.read(_PIECE)
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            return text_encoding(path)  # raises, naming the byte
-    return encoding
-
-
-# Each reader yields (where, row, None) for a record or (where, None, why) for a bad one, lazily, so that
-# iter_rows can cut the file into chunks. CSV/TSV and JSON Lines use the standard library's streaming readers
-# (csv.reader, line iteration) rather than pandas' chunked readers: they give each record's line number and the
-# exact field count, which the bad-row messages name.
-Records = Iterator[tuple[str, Any, Any]]
-
-
-def _read_delimited(path: Path, sep: str, column: str) -> Records:
-    encoding = _encoding(path)
-    csv.field_size_limit(2**31 - 1)
-    with open(path, encoding=encoding, newline="") as f:
-        reader = csv.reader(f, delimiter=sep, strict=True)  # an unclosed quote is an error, not one huge field
-        prev = 0
-        try:
-            header = next(reader, None)
-            if not header:
-                raise DataError(f"{path}: the file is empty", "give a header row, then one review per row")
-            if column not in header:
-                raise DataError(f"{path}: no column '{column}' (columns: {header})",
-                                "name the review column with --text-column")
-            prev = reader.line_num
-            for rec in reader:
-                start, prev = prev + 1, reader.line_num
-                if not rec:  # a blank line
-                    continue
-                if len(rec) != len(header):
-                    yield f"line {start}", None, f"{len(rec)} fields, the header has {len(header)}"
-                    continue
-                yield f"line {start}", dict(zip(header, rec)), None
-        except csv.Error as exc:  # structural: the rest of the file cannot be trusted
-            raise DataError(f"{path}: line {prev + 1}: cannot parse as {'TSV' if sep == chr(9) else 'CSV'} ({exc})",
-                            "check the quoting of the row starting on that line (a quote opened and never "
-                            "closed swallows the lines after it)") from None
-
-
-def _read_jsonl(path: Path, column: str) -> Records:
-    encoding = _encoding(path)
-    with open(path, encoding=encoding) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"line {lineno}"
-            try:
-                obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-                yield where, None, f"invalid JSON ({getattr(exc, 'msg', type(exc).__name__)})"
-                continue
-            if not isinstance(obj, dict):
-                yield where, None, f"a JSON {type(obj).__name__}, not an object"
-                continue
-            yield where, obj, None
-
-
-def _read_json(path: Path, column: str) -> Records:
-    """One JSON array, parsed whole (the json module has no streaming parser; JSON Lines streams)."""
-    text = path.read_text(encoding=_encoding(path))
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        del text
-        yield from _read_jsonl(path, column)  # .json files holding JSON Lines are common
-        return
-    except (RecursionError, ValueError) as exc:
-        raise DataError(f"{path}: JSON too deeply nested or a number too long ({type(exc).__name__})",
-                        "give a list of review objects") from None
-    del text
-    if isinstance(obj, dict):
-        obj = next((obj[k] for k in ("data", "rows", "records", "reviews") if isinstance(obj.get(k), list)), obj)
-    if not isinstance(obj, list):
-        raise DataError(f"{path}: expected a list of objects", f'give [{{"{column}": "..."}}, ...] or JSON Lines')
-    for i, row in enumerate(obj, 1):
-        if not isinstance(row, dict):
-            yield f"record {i}", None, f"a JSON {type(row).__name__}, not an object"
-            continue
-        yield f"record {i}", row, None
-
-
-def _parquet_error(path: Path, exc: Exception) -> DataError:
-    return DataError(f"{path}: cannot read as Parquet ({type(exc).__name__})",
-                     "check the file is a complete Parquet file")
-
-
-def _read_parquet(path: Path, column: str, batch_rows: int = CHUNK_ROWS) -> Records:
-    """Record batches of pyarrow's ParquetFile.iter_batches, each converted by pandas as pd.read_parquet does
-    (the index columns it stored are not review fields)."""
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-        index = {c for c in (pf.schema_arrow.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)}
-    except Exception as exc:  # pyarrow raises many types for a damaged file
-        raise _parquet_error(path, exc) from None
-    columns = [c for c in pf.schema_arrow.names if c not in index]
-    if column not in columns:
-        raise DataError(f"{path}: no column '{column}' (columns: {columns})",
-                        "name the review column with --text-column")
-    i = 0
-    batches = pf.iter_batches(batch_size=batch_rows)
-    while True:
-        try:
-            batch = next(batches, None)
-            records = None if batch is None else batch.to_pandas().to_dict("records")
-        except Exception as exc:
-            raise _parquet_error(path, exc) from None
-        if records is None:
-            return
-        for row in records:
-            i += 1
-            yield f"row {i}", row, None
-
-
-def _read_text(path: Path, column: str) -> Records:
-    encoding = _encoding(path)
-    lineno = 0
-    with open(path, encoding=encoding, newline="") as f:
-        for chunk in f:  # split on \n, \r, \r\n; splitlines() also on the rarer breaks str.splitlines knows
-            for line in chunk.splitlines():
-                lineno += 1
-                yield f"line {lineno}", {column: line}, None
-
-
 def iter_rows(path: Path, column: str = "text", chunk_rows: int | None = CHUNK_ROWS) -> Iterator[Rows]:
     """The rows of an input file in chunks of at most `chunk_rows` records, good or bad (None: one chunk), in
     file order; each chunk's `columns` are the fields seen so far. File-level problems raise."""
@@ -244,12 +97,8 @@ def iter_rows(path: Path, column: str = "text", chunk_rows: int | None = CHUNK_R
         raise DataError(f"{path}: unsupported input type '{suffix}'", f"use one of {', '.join(INPUTS)}")
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty", "give a file with reviews")
-    reader = {".csv": lambda: _read_delimited(path, ",", column), ".tsv": lambda: _read_delimited(path, "\t", column),
-              ".jsonl": lambda: _read_jsonl(path, column), ".json": lambda: _read_json(path, column),
-              ".parquet": lambda: _read_parquet(path, column, chunk_rows or CHUNK_ROWS),
-              ".txt": lambda: _read_text(path, column)}[suffix]
     out = Rows()
-    for where, row, why in reader():
+    for where, row, why in records(path, column, chunk_rows or CHUNK_ROWS):
         if row is None:
             out.bad.append((where, why))
         else:
