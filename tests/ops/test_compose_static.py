@@ -276,20 +276,24 @@ def test_serve_shares_make_runs_prefect_home(tmp_path):
 
 
 def test_serve_service_serves_the_champion_on_loopback(base):
-    """`serve`: mlflow models serve of models:/<task's model>@champion from the MLflow server, published on
-    127.0.0.1 only, healthy when /ping answers, started on request (profile) once a champion exists."""
+    """`serve`: `ttt-pipeline serve` of the task's model from the MLflow server, following the champion on the
+    Prefect server's events, published on 127.0.0.1 only, healthy when /ping answers, started on request (profile)
+    once a champion exists."""
     svc = base["services"]["serve"]
     cmd = svc["command"]
-    assert cmd[:3] == ["mlflow", "models", "serve"]
-    model = cmd[cmd.index("-m") + 1]
-    assert re.fullmatch(r"models:/\$\{TTT_SERVE_MODEL:-ttt-[a-z0-9-]+\}@champion", model), model
-    assert cmd[cmd.index("--env-manager") + 1] == "local"  # the image is the model's environment
+    assert cmd[:2] == ["ttt-pipeline", "serve"]
+    model = cmd[cmd.index("--model") + 1]
+    assert re.fullmatch(r"\$\{TTT_SERVE_MODEL:-ttt-[a-z0-9-]+\}", model), model
+    assert cmd[cmd.index("--follow") + 1] == "events"
     port = cmd[cmd.index("--port") + 1]
     assert svc["ports"] == [f"127.0.0.1:${{TTT_SERVE_PORT:-{port}}}:{port}"]
     assert svc["healthcheck"]["test"] == ["CMD", "curl", "-fsS", f"http://localhost:{port}/ping"]
-    assert svc["depends_on"] == {"mlflow": {"condition": "service_healthy"}}
-    assert _env(svc)["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(_env(svc))
+    assert set(svc["depends_on"]) == {"mlflow", "prefect-server"}
+    assert all(d == {"condition": "service_healthy"} for d in svc["depends_on"].values())
+    env = _env(svc)
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and env["PREFECT_API_URL"].startswith(
+        "http://prefect-server:4200/")
+    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING"} <= set(env)
     assert svc["profiles"] == ["serve"]  # `docker compose up` does not start it before a champion exists
 
 

@@ -321,9 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     corrupt.add_arguments(k)
     k.set_defaults(fn=cmd_corrupt)
-    from ttt_pipeline.cli import alerts, predict
+    from ttt_pipeline.cli import alerts, predict, serve
 
     predict.add_command(sub)
+    serve.add_commands(sub)
     alerts.add_command(sub)
     _add_run_inspection(sub)
     return p

@@ -293,3 +293,28 @@ def champion_run_id(client, model_name: str) -> str | None:
     except Exception as exc:
         raise PipelineError(f"champion v{champ.version} of {model_name} points at a missing run {champ.run_id}",
                             "register a new version with `ttt-pipeline run`") from exc
+
+
+def set_champion(client, model_name: str, version: str) -> RegistryResult:
+    """Move the `champion` alias to `version` by hand (a rollback, or a version judged elsewhere); the decision is
+    recorded on the version as tags, as `register_run` records its own."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client.get_model_version(model_name, str(version))
+    except MlflowException as exc:
+        if _is_missing(exc) or "INVALID_PARAMETER_VALUE" in (getattr(exc, "error_code", "") or ""):
+            raise PipelineError(f"registered model {model_name!r} has no version {version}",
+                                "the MLflow UI's Models page lists the versions; check --tracking-uri") from None
+        raise
+    before = current_champion(client, model_name)
+    metric = (mv.tags or {}).get("metric")
+    value = champion_value(client, mv, metric) if metric else None
+    client.set_registered_model_alias(model_name, CHAMPION, mv.version)
+    reason = f"set by hand (was v{before.version})" if before is not None else "set by hand (no champion before)"
+    client.set_model_version_tag(model_name, mv.version, "decision", "promoted")
+    client.set_model_version_tag(model_name, mv.version, "decision_reason", reason)
+    log.info("registry: %s v%s %s", model_name, mv.version, reason)
+    return RegistryResult(model_name, metric or "", "promoted", reason, version=str(mv.version), candidate_value=value,
+                          champion_before=str(before.version) if before is not None else None,
+                          champion_after=str(mv.version), source=mv.source, source_run_id=mv.run_id)

@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.io import registry
 from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.tasks.champion import emit_promoted
 
 
 def _transient(task, task_run, state) -> bool:
@@ -28,11 +29,14 @@ def register_task(cfg: PipelineConfig, parent_run_id: str, headline: dict | None
                   labels: list[str] | None = None) -> dict:
     """Registers the model under its task's name (`cfg.model_name(labels)`), judged on `registry.metric`
     (acc_default: the recommended defense's corrupted accuracy). Returns the decision as a dict: model_name,
-    metric, version, decision (promoted/kept/skipped), alias, values, reason."""
+    metric, version, decision (promoted/kept/skipped), alias, values, reason. A promotion emits the Prefect
+    event `ttt.champion.promoted` (ttt_pipeline.tasks.champion)."""
     tracker = Tracker.from_config(cfg.tracking)
     metric = cfg.registry.metric_key(cfg.evaluation.defense)
     candidate = (headline or {}).get(metric)
     result = registry.register_run(tracker.client, parent_run_id, cfg.model_name(labels), metric, candidate, labels)
     get_run_logger().info("model registry: %s v%s %s on %s (%s)", result.model_name, result.version or "-",
                           result.decision, metric, result.reason)
-    return result.to_dict()
+    decision = result.to_dict()
+    emit_promoted(decision)  # ttt.champion.promoted: `ttt-pipeline serve` switches to the new champion
+    return decision
