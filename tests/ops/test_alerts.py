@@ -155,3 +155,14 @@ def test_apply_without_a_server_says_which_setting(monkeypatch, capsys):
         assert main(["alerts", "apply", "--block", "slack-webhook/ttt-alerts"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: PREFECT_API_URL is not set") and "hint: export PREFECT_API_URL=" in err
+
+
+def test_the_missed_night_window_can_be_set_and_is_named_in_the_texts():
+    missed = {a.name: a for a in alerts.automations(BLOCK, missed_after_hours=0.01)}["ttt-nightly-missed"]
+    assert missed.trigger.within == timedelta(seconds=36)
+    (action,) = missed.actions
+    assert "0.01 hours" in action.subject and "26" not in action.subject + action.body + missed.description
+    others = {a.name: a for a in alerts.automations(BLOCK, missed_after_hours=0.01)}
+    assert others["ttt-nightly-regression"] == {a.name: a for a in alerts.automations(BLOCK)}["ttt-nightly-regression"]
+    with pytest.raises(ConfigError, match="at least 10 seconds"):
+        alerts.automations(BLOCK, missed_after_hours=0.001)

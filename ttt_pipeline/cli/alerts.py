@@ -19,6 +19,8 @@ from ttt_pipeline.errors import ConfigError
 
 FILE = "nightly_automations.yaml"
 PLACEHOLDER = "NOTIFICATION_BLOCK"
+MISSED = "ttt-nightly-missed"  # the proactive automation: no verdict within its window
+MISSED_HOURS = 26
 BLOCK_HINT = ("save a notification block first (Prefect UI: Blocks -> + -> Slack Webhook, Microsoft Teams Webhook, "
               "Custom Webhook, ...; or in Python: SlackWebhook(url=...).save('ttt-alerts')), then pass "
               "--block slack-webhook/ttt-alerts; `prefect block ls` lists the saved ones")
@@ -28,8 +30,20 @@ def automations_text() -> str:
     return importlib.resources.files("ttt_pipeline.flows").joinpath(FILE).read_text(encoding="utf-8")
 
 
-def automations(block_document_id: UUID | str) -> list[Any]:
-    """The shipped automations with the notification block filled in, validated by Prefect's own model."""
+def _missed_window(item: dict, hours: float) -> None:
+    """Sets the proactive automation's window, and the hours its texts name."""
+    if hours * 3600 < 10:  # Prefect's floor for a proactive trigger
+        raise ConfigError(f"--missed-after {hours:g}: the window must be at least 10 seconds", "pass --missed-after 26")
+    item["trigger"]["within"] = round(hours * 3600, 3)
+    item["description"] = item["description"].replace(f"{MISSED_HOURS} hours", f"{hours:g} hours")
+    for action in item["actions"]:
+        for key in ("subject", "body"):
+            action[key] = action[key].replace(f"{MISSED_HOURS} hours", f"{hours:g} hours")
+
+
+def automations(block_document_id: UUID | str, missed_after_hours: float = MISSED_HOURS) -> list[Any]:
+    """The shipped automations with the notification block filled in (and the missed-night window, 26 h as
+    shipped), validated by Prefect's own model."""
     import yaml
     from prefect.events.schemas.automations import AutomationCore
 
@@ -38,6 +52,8 @@ def automations(block_document_id: UUID | str) -> list[Any]:
         for action in item["actions"]:
             if action.get("block_document_id") == PLACEHOLDER:
                 action["block_document_id"] = str(block_document_id)
+        if item["name"] == MISSED and missed_after_hours != MISSED_HOURS:
+            _missed_window(item, missed_after_hours)
     return [AutomationCore.model_validate(item) for item in data]
 
 
@@ -87,7 +103,7 @@ def cmd_apply(args) -> int:
     from prefect.client.orchestration import get_client
 
     _server()
-    wanted = automations(notification_block_id(args.block))
+    wanted = automations(notification_block_id(args.block), args.missed_after)
     with get_client(sync_client=True) as client:
         created = _replace(client, wanted)
     for name, automation_id in created:
@@ -115,6 +131,9 @@ def add_command(subparsers) -> None:
                         "the named block; re-running replaces them")
     ap.add_argument("--block", required=True, metavar="TYPE/NAME", help="a saved notification block, e.g. "
                     "slack-webhook/ttt-alerts, ms-teams-webhook/NAME or custom-webhook/NAME")
+    ap.add_argument("--missed-after", type=float, default=MISSED_HOURS, metavar="HOURS",
+                    help=f"alert when no nightly run reached a verdict for this long (default {MISSED_HOURS}: one "
+                    "daily run plus slack; at least 10 seconds)")
     ap.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ap.set_defaults(fn=cmd_apply)
     rm = sub.add_parser("remove", help="delete the automations `alerts apply` created")
