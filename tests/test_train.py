@@ -93,7 +93,10 @@ def test_training_learns_a_separable_task(alignment, passes, precision, tiny_ber
 
 
 def test_autocast_precision_per_device():
-    from ttt_pipeline.modeling.model import autocast_dtype
+    from ttt_pipeline.modeling.precision import resolve_precision
+
+    def autocast_dtype(device, precision):
+        return resolve_precision(device, precision, "finetune.precision").dtype
 
     cpu = torch.device("cpu")
     assert autocast_dtype(cpu, "auto") is None and autocast_dtype(cpu, "fp32") is None  # no native bf16 (conftest)

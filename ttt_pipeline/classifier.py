@@ -115,6 +115,7 @@ class Classifier:
         self.source = source
         self._lock = threading.Lock()
         self._repair_cache: dict[tuple, Callable[[list[str]], list[str]]] = {}
+        self._runtimes: dict[str, Any] = {}
         self.config = inference_config(method="none")
         self.configure(**(config or {}))
 
@@ -172,16 +173,26 @@ class Classifier:
         context = {"vocabulary": self.vocabulary} if self.vocabulary is not None else {}
         return registry.build_repairs(name, ttt, context, self._repair_cache, key)
 
-    def prepare(self, method: str | None = None, **overrides) -> "Classifier":
-        """Build what a method needs before the first call (spell's dictionary and index take about a second);
-        returns self."""
-        from ttt_pipeline.evaluation.scoring import plain_precision
+    def runtime(self, precision: str):
+        """The machine choices of calls at this `ttt.precision` (modeling/precision.py `Runtime`), resolved once per
+        value and logged then: the Classifier is where a user's calls start, so it decides what the pipeline's
+        `steps.runtime` decides for a run."""
+        if precision not in self._runtimes:
+            from ttt_pipeline.modeling.precision import resolve_runtime
 
+            found = resolve_runtime(self.device, score_precision=precision)
+            log.info("%s: scoring precision %s (%s)", self.source or "classifier", found.score.name,
+                     found.score.reason)
+            self._runtimes[precision] = found
+        return self._runtimes[precision]
+
+    def prepare(self, method: str | None = None, **overrides) -> "Classifier":
+        """Build what a method needs before the first call (spell's dictionary and index take about a second)
+        and decide its precision; returns self."""
         name, ttt = self.settings(method, **overrides)
         with self._lock:
             self._repairs(name, ttt)
-        chosen = plain_precision(self.device, ttt)
-        log.info("%s: scoring precision %s (%s)", self.source or "classifier", chosen.name, chosen.reason)
+            self.runtime(ttt.precision)
         return self
 
     def predict_logits(self, texts: Iterable[str], method: str | None = None,
@@ -196,7 +207,7 @@ class Classifier:
         with self._lock:  # engines adapt the shared weights in place (and restore them): one call at a time
             repairs = self._repairs(name, ttt)
             return predict_texts(self.model, self.tokenizer, texts, name, ttt, self.max_length, ttt.batch_size,
-                                 self.device, progress, repairs)
+                                 self.device, progress, repairs, self.runtime(ttt.precision).score.dtype)
 
     def predict_proba(self, texts: Iterable[str], method: str | None = None, **overrides) -> np.ndarray:
         """Class probabilities (n x classes, columns in `label_names` order)."""

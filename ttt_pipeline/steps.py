@@ -7,6 +7,7 @@ Prefect and no MLflow here: `ttt_pipeline/tasks/` adds orchestration and trackin
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -37,28 +38,30 @@ def _v(step: str) -> str:
     return f"{__version__}-{VERSIONS[step]}"
 
 
-def resolved_precision(device: str, precision: str, field: str):
-    """What `precision` means on this machine (modeling/precision.py), for cache keys and run metadata."""
-    from ttt_pipeline.modeling.model import pick_device
-    from ttt_pipeline.modeling.precision import resolve_precision
-
-    return resolve_precision(pick_device(device), precision, field)
-
-
-def resolved_attention(cfg: PipelineConfig):
-    """What `finetune.attention` means on this machine (modeling/precision.py), for cache keys and run metadata."""
-    from ttt_pipeline.modeling.model import pick_device
-    from ttt_pipeline.modeling.precision import resolve_attention
+def runtime(cfg: PipelineConfig):
+    """The run's machine choices (modeling/precision.py `Runtime`: device, fine-tuning and scoring precision,
+    attention), resolved once per configuration and machine verdict in this process and handed to every step: cache
+    keys, run metadata, fine-tuning and scoring all read this one object."""
+    from ttt_pipeline.modeling.precision import cpu_native_bf16
 
     ft = cfg.finetune
-    return resolve_attention(pick_device(ft.device), resolved_precision(ft.device, ft.precision,
-                                                                        "finetune.precision").name, ft.attention)
+    return _runtime(ft.device, ft.precision, cfg.ttt.precision, ft.attention, cpu_native_bf16())
+
+
+@functools.lru_cache(maxsize=16)
+def _runtime(device: str, train_precision: str, score_precision: str, attention: str, machine: tuple):
+    """`machine`, the CPU's native-bf16 verdict, is part of the key: a test that stands in another CPU (its
+    TTT_CPU_NATIVE_BF16) gets that CPU's choices."""
+    from ttt_pipeline.modeling.model import pick_device
+    from ttt_pipeline.modeling.precision import resolve_runtime
+
+    return resolve_runtime(pick_device(device), train_precision, score_precision, attention)
 
 
 def _memory_hint(cfg: PipelineConfig, stage: str) -> str:
     """The settings that lower a stage's memory, with their current values."""
     length, ft, ttt = cfg.model.max_length, cfg.finetune, cfg.ttt
-    fused = ft.attention_dropout == 0 and resolved_attention(cfg).name != "eager"
+    fused = ft.attention_dropout == 0 and runtime(cfg).attention.name != "eager"
     attention = "" if fused else ("finetune.attention_dropout=0 with finetune.attention=sdpa keeps no attention score "
                                   "matrices; ")
     checkpointing = "" if ft.activation_checkpointing or ft.mode != "full" else (
@@ -145,8 +148,8 @@ def tokenise(cfg: PipelineConfig, data: StepOutput, store: StepStore) -> StepOut
 def finetune_inputs(cfg: PipelineConfig, tokens: StepOutput, data: StepOutput) -> dict:
     ft = {k: v for k, v in cfg.finetune.model_dump(mode="json").items()
           if k not in DEVICE_ONLY and not (k in OPTIONAL_KEYS and v is None)}
-    ft["precision"] = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision").name
-    attention = resolved_attention(cfg).name  # keyed only where it changes the checkpoint's own (old keys hold)
+    ft["precision"] = runtime(cfg).train.name
+    attention = runtime(cfg).attention.name  # keyed only where it changes the checkpoint's own (old keys hold)
     del ft["attention"]
     if attention is not None:
         ft["attention"] = attention
@@ -213,10 +216,10 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                                                 cfg.finetune.augment)
                 augmented.update(aug.summary())
             return model, tokenizer, train(model, tokenizer, train_ds, ds["validation"] if "validation" in ds
-                                           else None, ft, wd, progress, unlabeled, parallel)
+                                           else None, ft, wd, progress, unlabeled, parallel, runtime(cfg))
 
-        chosen = resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
-        attention = resolved_attention(cfg)
+        machine = runtime(cfg)
+        chosen, attention = machine.train, machine.attention
         log.info("fine-tuning precision %s: %s; attention %s: %s", chosen.name, chosen.reason,
                  attention.name or "the checkpoint's own", attention.reason)
         (model, tokenizer, result), oom = run_with_oom_fallback(attempt, cfg.finetune.batch_size)
@@ -379,7 +382,7 @@ def evaluate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput
 
 def _ttt_key(cfg: PipelineConfig) -> dict:
     ttt = cfg.ttt.model_dump(mode="json")
-    ttt["precision"] = resolved_precision(cfg.finetune.device, cfg.ttt.precision, "ttt.precision").name
+    ttt["precision"] = runtime(cfg).score.name
     return ttt
 
 
@@ -392,8 +395,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     predicted class and class probabilities), so any comparison can be made paired, after the fact."""
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation import grid
-    from ttt_pipeline.evaluation.scoring import plain_precision
-    from ttt_pipeline.modeling.model import load_model, pick_device
+    from ttt_pipeline.modeling.model import load_model
 
     sets_meta = corrupt_out.meta["sets"]
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
@@ -404,8 +406,8 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         from ttt_pipeline.modeling.train import set_threads
 
         set_threads()
-        device = pick_device(cfg.finetune.device)
-        plain = plain_precision(device, cfg.ttt)
+        machine = runtime(cfg)
+        device, plain = machine.device, machine.score
         log.info("scoring precision %s: %s", plain.name, plain.reason)
         ds, _ = load_prepared(data.path)
         model, tokenizer = load_model(Path(model_out.path) / "model", device)
@@ -413,7 +415,8 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         rows, preds = grid.score_grid(grid.jobs(sets, cfg.ttt), model, tokenizer, cfg.ttt, cfg.evaluation,
                                       cfg.model.max_length, device,
                                       grid.build_repairs(cfg.ttt, lambda: ds["train"]["text"]),
-                                      (lambda done, total: progress("evaluate", done, total, {})) if progress else None)
+                                      (lambda done, total: progress("evaluate", done, total, {})) if progress else None,
+                                      amp=plain.dtype)
         samples = grid.samples(sets, preds, model.meta.label_names)
         (tmp / "results.json").write_text(json.dumps({"rows": rows, "samples": samples,
                                                        "label_names": model.meta.label_names}, indent=1))
@@ -474,12 +477,10 @@ VERSIONS["attribute"] = "1"
 
 def attribute_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
                      eval_outs: list[StepOutput]) -> dict:
-    from ttt_pipeline.modeling.model import pick_device
-
     return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest,
             "evaluate": sorted(o.digest for o in eval_outs), "max_length": cfg.model.max_length,
             "attribution": cfg.attribution.model_dump(mode="json", exclude={"enabled"}),
-            "device": pick_device(cfg.finetune.device).type}  # the GPU projector draws other random matrices
+            "device": runtime(cfg).device.type}  # the GPU projector draws other random matrices
 
 
 def model_checkpoints(model_out: StepOutput) -> list[Path]:
@@ -503,14 +504,14 @@ def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corr
 
         from ttt_pipeline.data.prepare import load_prepared
         from ttt_pipeline.evaluation.attribution import explain
-        from ttt_pipeline.modeling.model import load_model, pick_device
+        from ttt_pipeline.modeling.model import load_model
         from ttt_pipeline.modeling.train import set_threads
 
         t0 = time.perf_counter()
         c0 = time.process_time()  # CPU seconds: the cost on an idle machine, whatever else shares it
         set_threads()
         a = cfg.attribution
-        device = pick_device(cfg.finetune.device)
+        device = runtime(cfg).device
         ds, _ = load_prepared(data.path)
         folders = model_checkpoints(model_out)
         model, tokenizer = load_model(folders[0], device)

@@ -117,3 +117,27 @@ def test_every_import_of_our_packages_resolves():
                 except ImportError:
                     bad.append(f"{where}:{line}: {module} has no {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_reports_name_no_defense_and_the_check_catches_one(tmp_path):
+    """scripts/defense_names.py (in `make lint`): the reporting modules pass; a hard-coded defense name in code,
+    alone or in a combination, fails naming its line; docstrings and `none` are allowed."""
+    script = str(REPO / "scripts" / "defense_names.py")
+    ok = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout
+    bad = tmp_path / "report.py"
+    bad.write_text('"""Scores masked_ttt and tent."""\nBASE = "none"\nX = 1\nM = "tent"\nC = "spell+masked_ttt"\n')
+    found = subprocess.run([sys.executable, script, str(bad)], capture_output=True, text=True, timeout=120)
+    assert found.returncode == 1
+    assert [line.split(":")[1] for line in found.stdout.splitlines()] == ["4", "5"]
+
+
+def test_the_registry_labels_and_headline_keys():
+    from ttt_pipeline.defenses import registry
+
+    assert registry.label("spell+masked_ttt") == "spelling repair + masked TTT"
+    assert registry.label("none") == "no adaptation" and registry.label("not-a-method") == "not-a-method"
+    assert registry.label("dedupe") == "dedupe"  # no label: as written
+    assert registry.style("tent") == {"color": "#1f77b4", "marker": "^"} and registry.style("spell+tent") is None
+    assert registry.headline_method("ttt") == "masked_ttt"
+    assert {m: e.headline for m, e in registry.headline_methods().items()} == {"masked_ttt": "ttt", "tent": "tent"}

@@ -507,21 +507,27 @@ def test_build_engine_from_config(tiny_clf):
 @pytest.mark.parametrize("precision, dtype", [("auto", torch.float32), ("fp32", torch.float32),
                                               ("bf16", torch.bfloat16)])
 def test_precision_sets_the_cpu_compute_dtype(tiny_clf, precision, dtype):
-    """auto (on a CPU without native bf16, pinned by conftest) and fp32 keep float32 (parity); bf16 autocasts both the adapt and the prediction passes,
-    gives logits close to fp32 and still restores the source weights bit for bit."""
+    """The run's scoring precision, resolved once (Runtime) and handed to the engine by build_engine: auto (on a CPU
+    without native bf16, pinned by conftest) and fp32 keep float32 (parity); bf16 autocasts both the adapt and the
+    prediction passes, gives logits close to fp32 and still restores the source weights bit for bit."""
+    from ttt_pipeline.defenses.registry import build_engine
+    from ttt_pipeline.modeling.precision import resolve_runtime
+
     model, tok = tiny_clf
+    settings = EngineSettings(mask_prob=0.3, lr=1e-3)
+    amp = resolve_runtime("cpu", score_precision=precision).score.dtype
     seen = []
     layer = next(m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
     hook = layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     before = weights(model)
     ids, am = batch(tok, TEXTS[:4])
     try:
-        out = engine(tiny_clf, precision=precision).predict(ids, am)
+        out = build_engine("masked_ttt", model, tok, settings, amp).predict(ids, am)
     finally:
         hook.remove()
     assert len(seen) == 2 and set(seen) == {dtype}  # one adapt forward, one prediction forward
     assert out.dtype == torch.float32
-    assert torch.allclose(out, engine(tiny_clf, precision="fp32").predict(ids, am), atol=5e-2)
+    assert torch.allclose(out, build_engine("masked_ttt", model, tok, settings).predict(ids, am), atol=5e-2)
     assert same(before, weights(model))
 
 

@@ -9,9 +9,10 @@
   (`fresh_step_in_slices`); `predict` hands the model back on its own storage; no deepcopy of model or inputs;
 - trailing padding columns are dropped, per-sample units run without padding, and optionally a unit runs
   in length-sorted sub-batches with accumulated gradients (`sub_batch_tokens`, same loss and step);
-- no-grad work runs under `torch.inference_mode`; `precision` auto autocasts to bf16 on CUDA and on CPUs
-  with native bf16 (about 1.6x faster there, logits within about 1e-2 of fp32) and keeps other CPUs in fp32
-  (modeling/precision.py); fp32 is the parity setting.
+- no-grad work runs under `torch.inference_mode`; the engine autocasts to `amp`, the run's scoring precision that
+  `registry.build_engine` hands it (`ttt.precision` resolved once, modeling/precision.py `Runtime`: auto is bf16 on
+  CUDA and on CPUs with native bf16, about 1.6x faster there with logits within about 1e-2 of fp32, and fp32 on
+  other CPUs); fp32 (an engine built directly, `amp` None) is the parity setting.
 
 Masks are reproducible without any global RNG: each row's Bernoulli draws come from a generator seeded by
 (seed, a stable hash of the row's own non-padding token ids, the draw index). A review therefore gets the
@@ -51,7 +52,7 @@ from ttt_pipeline.defenses.params import (
     make_optimizer,
 )
 from ttt_pipeline.defenses.settings import DefenseSettings
-from ttt_pipeline.modeling.model import autocast_dtype, eligible_positions
+from ttt_pipeline.modeling.model import eligible_positions
 
 __all__ = ["DefenseSettings", "EngineSettings", "EpisodicEngine", "CollapseGuard", "RowHashMasker", "MaskFn",
            "trim_padding", "eligible_positions"]
@@ -236,8 +237,8 @@ class EpisodicEngine:
         self.flat = FlatParams(self.params)
         self.opt = make_optimizer(self.flat.flat, settings.optimizer, lr)
         self.device = self.params[0].device
-        # auto: bf16 on CUDA (fp16 where bf16 is unsupported) and on CPUs with native bf16; fp32: none
-        self.amp = autocast_dtype(self.device, settings.precision, "ttt.precision")
+        # the autocast dtype (None: fp32); registry.build_engine sets the run's scoring precision (Runtime.score)
+        self.amp = None
         sub = settings.sub_batch_tokens
         self.sub_batch_tokens = 0 if sub is None else int(sub)
         self.guard = (CollapseGuard(settings.guard_warmup, settings.guard_ema, settings.guard_loss_high,

@@ -11,7 +11,7 @@ one noisy copy, not an ensemble, so the default TTT recipe (1 x 1 x 1) gets 4 co
 
 The result is the log of the mean class probability over the copies (float32), computed as a logsumexp.
 Nothing is trained: inference_mode, model.eval(), weights never touched; `settings.precision` is
-honoured like EpisodicEngine (autocast_dtype). Row-hash masks make each row's result independent of
+honoured like EpisodicEngine (`amp`, set by registry.build_engine). Row-hash masks make each row's result independent of
 the batch it is in.
 """
 
@@ -23,7 +23,6 @@ from contextlib import nullcontext
 import torch
 
 from ttt_pipeline.defenses.base import EngineSettings, MaskFn, RowHashMasker, trim_padding
-from ttt_pipeline.modeling.model import autocast_dtype
 
 __all__ = ["MaskEnsemble", "default_copies"]
 
@@ -49,7 +48,7 @@ class MaskEnsemble:
             raise ValueError(f"copies must be >= 1, got {self.copies}")
         self.mask_fn = mask_fn or RowHashMasker(settings.mask_prob, special_ids, settings.seed)
         self.device = next(model.parameters()).device
-        self.amp = autocast_dtype(self.device, settings.precision, "ttt.precision")
+        self.amp = None  # the autocast dtype (None: fp32); registry.build_engine sets the run's scoring precision
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp) if self.amp is not None else nullcontext()

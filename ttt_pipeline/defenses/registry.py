@@ -19,11 +19,18 @@ from typing import Callable
 class Entry:
     """A defense: the module that holds it (under ttt_pipeline.defenses, or a full dotted path), whether its
     result depends on the mask seed (then it is scored once per `ttt.mask_seeds` entry) and whether it adapts on
-    the MLM head's loss (a model without an MLM head cannot run it)."""
+    the MLM head's loss (a model without an MLM head cannot run it). How reports show it: `label` and `style`
+    (matplotlib color and marker) in plots; `headline`, the short key of a defense the run's headline always
+    reports when scored (acc_<headline>, acc_<kind>_<headline> for each of `headline_kinds` beyond corrupted)
+    and the confusion plots show. Scoring, robustness and plots read these and name no defense themselves."""
 
     module: str | None
     masked: bool = False
     mlm: bool = False
+    label: str | None = None
+    style: tuple[str, str] | None = None
+    headline: str | None = None
+    headline_kinds: tuple[str, ...] = ("corrupted",)
 
 
 # Model engines: each module has build(model, tokenizer, settings[, own]) -> an object with .predict(input_ids,
@@ -31,10 +38,12 @@ class Entry:
 # the `ttt` section), `own` the module's `Settings` (`ttt.<defense>`) when it has one; `none` is the plain
 # forward pass. One line per defense.
 ENGINES: dict[str, Entry] = {
-    "none": Entry(None),
-    "masked_ttt": Entry("masked_ttt", masked=True, mlm=True),
-    "tent": Entry("tent"),
-    "mask_ensemble": Entry("mask_ensemble", masked=True),  # masked TTT's no-gradient control
+    "none": Entry(None, label="no adaptation", style=("#d62728", "o")),
+    "masked_ttt": Entry("masked_ttt", masked=True, mlm=True, label="masked TTT", style=("#2ca02c", "s"),
+                        headline="ttt", headline_kinds=("corrupted", "clean", "shift")),
+    "tent": Entry("tent", label="Tent", style=("#1f77b4", "^"), headline="tent"),
+    "mask_ensemble": Entry("mask_ensemble", masked=True, label="mask ensemble (TTT's control)",
+                           style=("#7f7f7f", "v")),  # masked TTT's no-gradient control
     # masked TTT recipes beyond the tutorial's, and Tent with a reliability filter (docstrings cite sources)
     "masked_ttt_views": Entry("masked_ttt_views", masked=True, mlm=True),
     "masked_ttt_sgd": Entry("masked_ttt_sgd", masked=True, mlm=True),
@@ -48,7 +57,7 @@ ENGINES: dict[str, Entry] = {
 # Text repairs: each module has build(own, context) -> callable(list[str]) -> list[str]; `own` is the module's
 # `Settings` (`ttt.<defense>`), None when it has none.
 REPAIRS: dict[str, Entry] = {
-    "spell": Entry("spell"),
+    "spell": Entry("spell", label="spelling repair", style=("#9467bd", "D")),
     "dedupe": Entry("dedupe"),
 }
 MASKED = {name for name, entry in ENGINES.items() if entry.masked}
@@ -58,6 +67,34 @@ def method_tag(method: str) -> str:
     """A method's MLflow-safe short name, the one spelling of metric names and logged keys: masked_ttt -> ttt,
     spell+masked_ttt -> spell-ttt."""
     return method.replace("masked_ttt", "ttt").replace("+", "-")
+
+
+def label(method: str) -> str:
+    """A method's name in plots and reports: its parts' labels joined (`spell+masked_ttt` -> spelling repair + masked
+    TTT); a defense without a label, or a name that is no method, as written."""
+    try:
+        m = parse(method)
+    except ValueError:
+        return method
+    parts = [*m.repairs, *([] if m.engine == "none" and m.repairs else [m.engine])]
+    return " + ".join((ENGINES.get(p) or REPAIRS[p]).label or p for p in parts)
+
+
+def style(method: str) -> dict | None:
+    """A lone defense's plot style ({color, marker}); None for a combination or a defense without one (the plot
+    picks from its own spare colours)."""
+    entry = ENGINES.get(method) or REPAIRS.get(method)
+    return None if entry is None or entry.style is None else {"color": entry.style[0], "marker": entry.style[1]}
+
+
+def headline_methods() -> dict[str, Entry]:
+    """`{method: entry}` for the defenses the run's headline reports whenever they were scored."""
+    return {name: e for name, e in ENGINES.items() if e.headline}
+
+
+def headline_method(key: str) -> str:
+    """The method whose headline key is `key` (`ttt` -> masked_ttt)."""
+    return next(name for name, e in headline_methods().items() if e.headline == key)
 
 
 def needs_mlm(method: str) -> bool:
@@ -129,15 +166,18 @@ def own_settings(name: str, settings):
     return found if isinstance(found, cls) else cls()
 
 
-def build_engine(method: Method | str, model, tokenizer, settings):
+def build_engine(method: Method | str, model, tokenizer, settings, amp=None):
     """An object with .predict(input_ids, attention_mask) -> logits, or None for `none`; `settings` is the
-    validated `ttt` section (a TTTConfig) or an EngineSettings."""
+    validated `ttt` section (a TTTConfig) or an EngineSettings; `amp` the autocast dtype it scores and adapts in,
+    the run's scoring precision as the caller resolved it (`Runtime.score.dtype`; None: fp32)."""
     m = parse(method) if isinstance(method, str) else method
     entry = ENGINES[m.engine]
     if entry.module is None:
         return None
     own = own_settings(m.engine, settings)
-    return _module(entry).build(model, tokenizer, settings, *([] if own is None else [own]))
+    engine = _module(entry).build(model, tokenizer, settings, *([] if own is None else [own]))
+    engine.amp = amp
+    return engine
 
 
 def build_repairs(method: Method | str, settings, context: dict | None = None, cache: dict | None = None,

@@ -70,10 +70,11 @@ def build_repairs(ttt: TTTConfig, train_texts: Callable[[], list[str]]) -> dict[
 
 
 def score_grid(grid: list[Job], model, tokenizer, ttt: TTTConfig, evaluation: EvaluationConfig, max_length: int,
-               device, repairs: dict[str, list], progress: Callable[[int, int], None] | None = None
-               ) -> tuple[list[dict], list[dict]]:
+               device, repairs: dict[str, list], progress: Callable[[int, int], None] | None = None,
+               amp=None) -> tuple[list[dict], list[dict]]:
     """Every job: its accuracy row (interval, macro F1, recall, confusion, speed, the MLM signal on `none`, the
-    engine's held-out fields) and its predictions (label, predicted class, class probabilities per review)."""
+    engine's held-out fields) and its predictions (label, predicted class, class probabilities per review).
+    `amp`: the run's scoring precision (`Runtime.score.dtype`; None: fp32), for plain passes and engines alike."""
     total, done = sum(len(j.test_set.texts) for j in grid), 0
     quality: dict[str, dict] = {}
     rows, preds = [], []
@@ -85,7 +86,7 @@ def score_grid(grid: list[Job], model, tokenizer, ttt: TTTConfig, evaluation: Ev
         t0 = time.perf_counter()
         logits, engine_stats = score_texts(model, tokenizer, s.texts, m.name, settings, max_length, ttt.batch_size,
                                            device, (lambda i, t, d=done: progress(d + i, total)) if progress else None,
-                                           repairs[m.name])
+                                           repairs[m.name], amp)
         wall = time.perf_counter() - t0
         done += len(s.texts)
         pred = logits.argmax(-1)

@@ -20,10 +20,8 @@ import numpy as np
 import pandas as pd
 
 from ttt_pipeline.corruption.external import is_external
+from ttt_pipeline.defenses.registry import headline_method
 from ttt_pipeline.evaluation.stats import Difference, paired_difference
-
-TTT_METHOD = "masked_ttt"  # the ttt_* keys: masked TTT, one scored method among others (the headline is
-# the recommended defense's defense_gain)
 
 
 def _matrix(preds: pd.DataFrame, sets: list[str], method: str, column: str = "correct") -> np.ndarray | None:
@@ -266,7 +264,8 @@ def run_statistics(rows: list[dict], preds: pd.DataFrame, mask_seeds: list[int],
         out["external_drop"] = drop.to_dict()  # the held-out generators: apart from the suite
     gains = {m: method_gains(preds, m, n_classes=n_classes, **kw) for m in dict.fromkeys(preds["method"]) if m != "none"}
     out["gains"] = gains
-    ttt = gains.get(TTT_METHOD, {})
+    ttt = gains.get(headline_method("ttt"), {})  # the ttt_* keys: one scored method among others (the headline
+    # is the recommended defense's defense_gain)
     for key, part in (("ttt_gain", "corrupted"), ("ttt_clean_change", "clean")):
         if part in ttt:
             out[key] = {**ttt[part], "mask_seeds": list(mask_seeds)}

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ttt_pipeline.defenses.registry import method_tag
+from ttt_pipeline.defenses.registry import headline_methods, method_tag
 from ttt_pipeline.metrics import recovered_fraction, summarize
 from ttt_pipeline.modeling.tokenize import encode_texts
 from ttt_pipeline.modeling.train import make_collate
@@ -20,7 +20,7 @@ def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int
             device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
             amp: torch.dtype | None = None) -> np.ndarray:
     """Class logits for texts; `engine` (TTT/Tent) adapts per unit and restores, else a plain forward, under
-    autocast to `amp` when given (`plain_precision`; the engines autocast by the same rule themselves).
+    autocast to `amp` when given (the run's scoring precision, `Runtime.score.dtype`, which the engines get too).
 
     The texts are one stream: the engine is closed when they are done, so an online engine's adapted weights
     never outlive the set they were adapted on (the next set, and plain scoring, see the source weights).
@@ -51,37 +51,31 @@ def predict(model, tokenizer, texts: list[str], max_length: int, batch_size: int
 
 def predict_texts(model, tokenizer, texts: list[str], method: str, settings, max_length: int, batch_size: int,
                   device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
-                  repairs: list[Callable[[list[str]], list[str]]] | None = None) -> np.ndarray:
+                  repairs: list[Callable[[list[str]], list[str]]] | None = None,
+                  amp: torch.dtype | None = None) -> np.ndarray:
     """Class logits of `texts` under a method name (`none`, `masked_ttt`, `spell`, `spell+masked_ttt`, ...).
 
     `settings` is a TTTConfig or an EngineSettings (its `seed` is the mask seed); `repairs` are the method's text
-    repairs when the caller built them once for many sets (a spelling dictionary and its index take about a second)."""
+    repairs when the caller built them once for many sets (a spelling dictionary and its index take about a second);
+    `amp` the scoring precision's autocast dtype (`Runtime.score.dtype`; None: fp32)."""
     return score_texts(model, tokenizer, texts, method, settings, max_length, batch_size, device, progress,
-                       repairs)[0]
+                       repairs, amp)[0]
 
 
 def score_texts(model, tokenizer, texts: list[str], method: str, settings, max_length: int, batch_size: int,
                 device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
-                repairs: list[Callable[[list[str]], list[str]]] | None = None) -> tuple[np.ndarray, dict]:
+                repairs: list[Callable[[list[str]], list[str]]] | None = None,
+                amp: torch.dtype | None = None) -> tuple[np.ndarray, dict]:
     """`predict_texts` plus the engine's statistics (units, steps, held-out probes; {} without an engine)."""
     from ttt_pipeline.defenses import registry
 
     m = registry.parse(method)
     for fix in (registry.build_repairs(m, settings) if repairs is None else repairs):
         texts = fix(texts)
-    engine = registry.build_engine(m, model, tokenizer, settings)
-    amp = plain_precision(device, settings).dtype if engine is None else None
-    logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress, amp)
+    engine = registry.build_engine(m, model, tokenizer, settings, amp)
+    logits = predict(model, tokenizer, texts, max_length, batch_size, engine, device, progress,
+                     amp if engine is None else None)
     return logits, dict(getattr(engine, "stats", {}))
-
-
-def plain_precision(device: torch.device | str, settings):
-    """The precision of a plain forward pass (`none` and every repair): `ttt.precision` on this device, the rule the
-    engines apply (modeling/precision.py: bf16 on CUDA and on CPUs that run it natively, fp32 on the others), so
-    prediction, evaluation and the served model use the CPU's bf16 matrix units where it has them."""
-    from ttt_pipeline.modeling.precision import resolve_precision
-
-    return resolve_precision(torch.device(device), settings.precision, "ttt.precision")
 
 
 def score(logits: np.ndarray, labels: list[int], n: int) -> dict:
@@ -92,8 +86,8 @@ def headline(rows: list[dict], default_defense: str | None = None) -> dict:
     """The run's scalar headline: acc_clean, acc_corrupted (no defense), acc_default (corrupted accuracy under the
     recommended defense, `evaluation.default_defense`; `none` when it is null) and acc_clean_default, the recovered
     fraction of the drop under it, acc_corrupted_<method> for every scored method (the registry's acc_default
-    resolves to one of them), and masked TTT's and Tent's figures (acc_ttt, acc_clean_ttt, acc_tent, ...) when
-    they were scored. Corrupted means the project's own suite; the external generators' sets (`ext:` families,
+    resolves to one of them), and the registry's headline defenses' figures (masked TTT's acc_ttt, acc_clean_ttt,
+    acc_shift_ttt, Tent's acc_tent) when they were scored. Corrupted means the project's own suite; the external generators' sets (`ext:` families,
     the held-out test) are acc_external and acc_external_default."""
     from ttt_pipeline.corruption.external import is_external
 
@@ -108,15 +102,14 @@ def headline(rows: list[dict], default_defense: str | None = None) -> dict:
         "acc_corrupted": acc("corrupted", "none"),
         "acc_default": acc("corrupted", defense),
         "acc_clean_default": acc("clean", defense),
-        "acc_ttt": acc("corrupted", "masked_ttt"),
-        "acc_clean_ttt": acc("clean", "masked_ttt"),
-        "acc_tent": acc("corrupted", "tent"),
         "acc_shift": acc("shift", "none"),
         "acc_shift_default": acc("shift", defense),
-        "acc_shift_ttt": acc("shift", "masked_ttt"),
         "acc_external": acc("corrupted", "none", external=True),  # `ext:` families: apart from the own suite
         "acc_external_default": acc("corrupted", defense, external=True),
     }
+    for m, entry in headline_methods().items():  # the registry's headline defenses: acc_ttt, acc_clean_ttt, ...
+        for kind in entry.headline_kinds:
+            out["_".join(["acc", *([] if kind == "corrupted" else [kind]), entry.headline])] = acc(kind, m)
     for m in dict.fromkeys(r["method"] for r in rows if r["kind"] == "corrupted" and r["method"] != "none"):
         out[f"acc_corrupted_{method_tag(m)}"] = acc("corrupted", m)
     if None not in (out["acc_clean"], out["acc_corrupted"], out["acc_default"]) and defense != "none":

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ttt_pipeline.defenses.base import RowHashMasker, trim_padding
-from ttt_pipeline.evaluation.robustness import TTT_METHOD
+from ttt_pipeline.defenses.registry import headline_method
 from ttt_pipeline.modeling.model import special_token_ids
 from ttt_pipeline.modeling.tokenize import encode_texts
 from ttt_pipeline.modeling.train import make_collate
@@ -98,12 +98,12 @@ def signal_headline(rows: list[dict], preds: pd.DataFrame | None = None) -> dict
         loss = float(np.mean([r["mlm_loss"] for r in corrupted]))
         out.update({"mlm_loss_corrupted": loss, "mlm_perplexity_corrupted": math.exp(min(loss, 50.0)),
                     "mlm_top1_corrupted": float(np.mean([r["mlm_top1"] for r in corrupted]))})
-    ttt = [r for r in rows if _own_suite(r) and r["method"] == TTT_METHOD and "heldout_before" in r]
+    ttt = [r for r in rows if _own_suite(r) and r["method"] == headline_method("ttt") and "heldout_before" in r]
     if ttt:
         before = float(np.mean([r["heldout_before"] for r in ttt]))
         after = float(np.mean([r["heldout_after"] for r in ttt]))
         out.update({"ttt_heldout_before": before, "ttt_heldout_after": after, "ttt_heldout_change": after - before})
-    if preds is not None and (share := changed_share(preds, TTT_METHOD)) is not None:
+    if preds is not None and (share := changed_share(preds, headline_method("ttt"))) is not None:
         out["ttt_changed_share"] = share
     return out
 

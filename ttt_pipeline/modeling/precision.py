@@ -146,6 +146,37 @@ def resolve_attention(device: torch.device | str, precision: str, attention: str
     return Attention(None, f"auto: the checkpoint's own ({precision} on {torch.device(device).type})")
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """The machine choices of one run, decided once where the run starts (the pipeline's `steps.runtime`, a
+    Classifier for its own calls) and handed to what trains and scores, which never work them out again:
+    `device`; `train`, the fine-tuning precision (`finetune.precision`); `score`, the precision of every forward
+    pass that scores reviews, plain or under a test-time engine (`ttt.precision`); `attention`, fine-tuning's
+    attention implementation (`finetune.attention`). The thread count is not here: it is each process's own
+    (a data-parallel rank takes its share of the cores, `modeling.train.set_threads`)."""
+    device: torch.device
+    train: Precision
+    score: Precision
+    attention: Attention
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        attention = self.attention.name or "the checkpoint's own"
+        return (f"device {self.device.type}; fine-tuning {self.train.name} ({self.train.reason}), attention "
+                f"{attention} ({self.attention.reason}); scoring "
+                f"{self.score.name} ({self.score.reason})")
+
+
+def resolve_runtime(device: torch.device | str = "cpu", train_precision: str = "auto", score_precision: str = "auto",
+                    attention: str = "auto") -> Runtime:
+    """The one place the configuration's machine settings meet the machine (an impossible choice fails here, before
+    any work): `device` as `modeling.model.pick_device` resolved it; the rest as the configuration names them."""
+    device = torch.device(device)
+    train = resolve_precision(device, train_precision, "finetune.precision")
+    return Runtime(device, train, resolve_precision(device, score_precision, "ttt.precision"),
+                   resolve_attention(device, train.name, attention))
+
+
 def machine_summary() -> dict:
     """What a timing depends on, for benches and run metadata: CPU kind, native bf16, threads, torch, and the
     instruction caps set in the environment (`isa_caps`: a capped bf16 CPU reports AVX2 but is not an AVX2 CPU)."""

@@ -32,7 +32,7 @@ from ttt_pipeline.modeling.model import (
     pick_device,
     special_token_ids,
 )
-from ttt_pipeline.modeling.precision import resolve_attention, resolve_precision
+from ttt_pipeline.modeling.precision import Runtime, resolve_runtime
 from ttt_pipeline.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -599,7 +599,8 @@ def _checkpointing(cfg) -> bool:
 
 
 def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir: Path,
-             progress: Progress | None = None, unlabeled_ds=None, parallel=None) -> TrainResult:
+             progress: Progress | None = None, unlabeled_ds=None, parallel=None,
+             runtime: Runtime | None = None) -> TrainResult:
     """Train in place; returns the history. `work_dir` holds resumable checkpoints (kept across crashes).
 
     Phases: MLM alignment (`_align`, a fresh run only), the training objects (`_build_loop`), a resumed state
@@ -608,11 +609,14 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     `parallel` (optional, ttt_pipeline.tasks.distributed.DataParallel) makes the classification epochs
     data-parallel: `parallel.prepare(loss_module, sampler)` wraps the batch loss (`TrainingLoss`) in
     DistributedDataParallel, which starts every rank from rank 0's weights and averages the gradients during
-    each backward, and gives this rank its share of the batches."""
+    each backward, and gives this rank its share of the batches.
+
+    `runtime`: the run's machine choices (device, precision, attention) as the pipeline resolved them; a caller
+    that trains alone (a test, a bench) may leave it out, and the configuration's are resolved here."""
     set_threads()
-    device = pick_device(cfg.device)
-    chosen = resolve_precision(device, cfg.precision, "finetune.precision")  # first: an impossible one fails early
-    amp = chosen.dtype
+    if runtime is None:  # first: an impossible choice fails before any work
+        runtime = resolve_runtime(pick_device(cfg.device), cfg.precision, attention=cfg.attention)
+    device, amp = runtime.device, runtime.train.dtype
     model.to(device)
     torch.manual_seed(cfg.seed)
     work_dir = Path(work_dir)
@@ -620,8 +624,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     ckpt_path, best_path = work_dir / "last.pt", work_dir / "best.pt"
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
-    attention = resolve_attention(device, chosen.name, cfg.attention)
-    with training_attention(model, attention), training_attention_dropout(model, cfg.attention_dropout), \
+    with training_attention(model, runtime.attention), training_attention_dropout(model, cfg.attention_dropout), \
             training_checkpointing(model, _checkpointing(cfg)):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)

@@ -7,7 +7,7 @@ damaged store entry gives no key, so the task runs (and rebuilds) instead of ser
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ttt_pipeline import steps
@@ -52,10 +52,6 @@ def tokenise_task(cfg: PipelineConfig, data: dict) -> dict:
 @task(name="fine-tune", cache_key_fn=step_cache(
     "finetune", lambda p: steps.finetune_inputs(p["cfg"], _out(p["tokens"]), _out(p["data"]))), **COMMON)
 def finetune_task(cfg: PipelineConfig, data: dict, tokens: dict) -> dict:
-    chosen = steps.resolved_precision(cfg.finetune.device, cfg.finetune.precision, "finetune.precision")
-    attention = steps.resolved_attention(cfg)
-    get_run_logger().info("fine-tune: precision %s (%s), attention %s (%s)", chosen.name, chosen.reason,
-                          attention.name or "the checkpoint's own", attention.reason)
     rep = Reporter("fine-tune-progress")
     try:
         return steps.finetune(cfg, _out(data), _out(tokens), _store(cfg), rep).to_dict()
