@@ -39,7 +39,11 @@ before the closest-word lookup).
 `extra_vocabulary` (training texts, words, or a word -> count mapping such as `defenses.vocabulary`'s) adds
 the words seen at least `min_count` times that the dictionary lacks (product names, jargon, the domain's
 slang) at a high frequency, so they survive and their misspellings are repaired towards them.
-Deterministic: no randomness; ties go to the more frequent word, then symspellpy's stable order.
+`ranking` (`ttt.spell.ranking`) names how equally close candidates are chosen: `frequency`, `bigram` (the `context`
+fix above, the default) or `context`: the bigram score, plus in-domain bigrams when the repair is given texts
+(`domain_texts`), a preference for look-alike shapes (rn/m, vv/w, cl/d, 0/o: ranking.LOOKALIKES) and a gate that
+leaves the word as written unless the best candidate beats the runner-up by `gate` (bench/studies/spell_ranking.py,
+docs/benchmarks.md). Deterministic: no randomness; ties go to the more frequent word, then symspellpy's stable order.
 
 The package: `dictionary` (the shipped word and bigram lists, and what is derived from them), `index` (the
 closest-word search), `ranking` (the choice among equally close candidates), `repair` (SpellRepair, get_repair) and
@@ -50,7 +54,7 @@ from __future__ import annotations
 
 from typing import Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ttt_pipeline.defenses.settings import DefenseSettings
 from ttt_pipeline.defenses.spell.dictionary import CONFUSION_MIN_COUNT, DICTIONARY, _confusions, _counts
@@ -68,10 +72,28 @@ class Settings(DefenseSettings):
     vocabulary: Literal["train", "none"] = Field(
         "train", description="train: also trust the words of the training texts (seen at least twice), so product "
         "names survive; none: the shipped English dictionary only.")
+    ranking: Literal["frequency", "bigram", "context"] = Field(
+        "bigram", description="How equally close candidates are chosen. frequency: the most frequent; bigram: the "
+        "most probable between the neighbours by symspellpy's bigram counts; context: that, plus look-alike shapes "
+        "(rn/m, vv/w, cl/d, 0/o, ...) preferred and the gate (bench/studies/spell_ranking.py measures them).")
+    gate: float = Field(
+        0.0, ge=0.0, le=50.0, description="ranking context only: leave a word as written unless its best candidate "
+        "scores at least this much (natural log) above the runner-up; 0 takes the best.")
+
+    @field_validator("gate")
+    @classmethod
+    def _gate_needs_context(cls, gate: float, info: ValidationInfo) -> float:
+        if gate and info.data.get("ranking") != "context":
+            raise ValueError(f"a gate of {gate} needs ttt.spell.ranking=context (the only ranking that reads it); "
+                             "set the ranking to context or the gate to 0")
+        return gate
 
 
 def build(settings: Settings, context: dict) -> Callable[[list[str]], list[str]]:
-    """The registry's constructor for a text repair: `ttt.spell.max_edit_distance`, and the training vocabulary
-    when the context has one (`context["vocabulary"]`) and `ttt.spell.vocabulary` is train."""
+    """The registry's constructor for a text repair: `ttt.spell.max_edit_distance`, `ranking` and `gate`, and the
+    training vocabulary when the context has one (`context["vocabulary"]`) and `ttt.spell.vocabulary` is train. The
+    in-domain bigrams of `ranking: context` are not passed: a served model has the vocabulary's word counts only
+    (defenses.vocabulary), and it must repair as the evaluation did."""
     vocabulary = context.get("vocabulary") if settings.vocabulary == "train" else None
-    return SpellRepair(max_edit_distance=settings.max_edit_distance, extra_vocabulary=vocabulary).repair_all
+    return SpellRepair(max_edit_distance=settings.max_edit_distance, extra_vocabulary=vocabulary,
+                       ranking=settings.ranking, gate=settings.gate).repair_all

@@ -32,7 +32,7 @@ from ttt_pipeline.defenses.spell.index import (
     _tie_ordered,
     _vocabulary_dictionary,
 )
-from ttt_pipeline.defenses.spell.ranking import BigramRanker
+from ttt_pipeline.defenses.spell.ranking import BigramRanker, ContextRanker
 
 # Word runs with internal apostrophes (don't, it’s); everything between them is copied verbatim.
 _TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
@@ -53,6 +53,38 @@ FIXES = frozenset({"undouble", "jumble", "jumble_late", "case", "real_word", "co
 # glyph-and-digit rule (both rules: bench/spell_repair.py's docstring); `jumble` (one line beside jumble_late) is
 # kept as an option.
 DEFAULT_FIXES = ("undouble", "case", "real_word", "jumble_late", "context", "glyphs")
+# How equally close candidates are chosen: `frequency` the most frequent; `bigram` (the `context` fix, on by default)
+# the most probable between the neighbours by symspellpy's bigram counts; `context` that score with in-domain pairs
+# (domain_texts), look-alike shapes (ranking.LOOKALIKES) and a gate (ranking.ContextRanker).
+RANKINGS = ("frequency", "bigram", "context")
+
+
+def domain_bigrams(texts: list[str]) -> tuple[dict[str, dict[str, int]], int]:
+    """(first word -> {second word: count}, total) over the lower-cased word pairs of `texts` that only whitespace
+    separates: the pairs the repair reads as neighbours (SpellRepair._repaired)."""
+    follows: dict[str, dict[str, int]] = {}
+    total = 0
+    for text in texts:
+        parts = _SPLIT.split(text.lower())
+        for i in range(1, len(parts) - 2, 2):
+            if parts[i + 1].isspace():
+                row = follows.setdefault(parts[i], {})
+                row[parts[i + 2]] = row.get(parts[i + 2], 0) + 1
+                total += 1
+    return follows, total
+
+
+def _ranking_fixes(fixes: frozenset[str], ranking: str | None, gate: float) -> tuple[frozenset[str], str]:
+    """(fixes, ranking) as the repair runs them: `ranking` None follows the fixes (bigram with `context`, else
+    frequency); frequency takes `context` out of the fixes, bigram and context put it in. A gate needs the context
+    ranking, the only one that reads it."""
+    if ranking is None:
+        ranking = "bigram" if "context" in fixes else "frequency"
+    if ranking not in RANKINGS:
+        raise ValueError(f"unknown spell ranking {ranking!r}; known: {list(RANKINGS)}")
+    if gate < 0 or (gate and ranking != "context"):
+        raise ValueError(f"a spell gate of {gate} needs ranking 'context' and a value >= 0 (ranking: {ranking!r})")
+    return (fixes - {"context"} if ranking == "frequency" else fixes | {"context"}), ranking
 
 
 def vocabulary_counts(texts: Iterable[str] | Mapping[str, int]) -> Counter:
@@ -97,9 +129,11 @@ class SpellRepair:
 
     def __init__(self, max_edit_distance: int = 2,
                  extra_vocabulary: Iterable[str] | Mapping[str, int] | None = None, min_count: int = 2,
-                 fixes: Iterable[str] = DEFAULT_FIXES):
+                 fixes: Iterable[str] = DEFAULT_FIXES, ranking: str | None = None, gate: float = 0.0,
+                 domain_texts: Iterable[str] | None = None):
         if max_edit_distance < 1:
             raise ValueError(f"max_edit_distance must be >= 1, got {max_edit_distance}")
+        fixes, self.ranking = _ranking_fixes(frozenset(fixes), ranking, gate)
         self.max_edit_distance = int(max_edit_distance)
         self._words = _counts()  # word -> count
         self._keep_bare = _bare_contractions()
@@ -128,6 +162,9 @@ class SpellRepair:
         self._context = "context" in self.fixes
         self._glyphs = "glyphs" in self.fixes
         self._ranker = BigramRanker(self._count, self._words) if self._context else None
+        if self.ranking == "context":
+            domain = domain_bigrams(list(domain_texts)) if domain_texts is not None else None
+            self._ranker = ContextRanker(self._count, self._words, gate, domain)
         # Caches, each bounded by cache._CACHE_LIMIT (outputs never depend on them: every entry is a pure function of
         # its key): lower-case word -> correction (_correct); word as written -> its repair, or (word, candidates)
         # when neighbours choose (_resolve); (word, before, after) -> the repair chosen between those neighbours.
@@ -174,6 +211,10 @@ class SpellRepair:
         if self._confused:  # the closest words, then those a learned confusion reaches: the neighbours choose
             seen = {term for term, _ in found}
             found += tuple(item for item in self._learned(squeezed) if item[0] not in seen)
+        if self.ranking == "context":  # the known words it looks like join: the neighbours and the shapes choose
+            seen = {term for term, _ in found}
+            found += tuple((w, self._count(w)) for w in sorted(self._ranker.lookalikes(squeezed))
+                           if w not in seen and self._known(w))
         if len(found) > 1 and self._context:
             return found  # ranked per occurrence, by its neighbours (BigramRanker.best)
         best = max(found, key=lambda f: f[1])[0] if found else None  # the most frequent; ties: lookup order
@@ -294,13 +335,15 @@ class SpellRepair:
 
     def _in_context(self, resolved: tuple[str, tuple], before: str | None, after: str | None) -> str:
         """The candidate of `resolved` (_resolve) most probable between the repaired left and the written right
-        neighbour (None: no neighbour across a space), re-cased like the word."""
+        neighbour (None: no neighbour across a space), re-cased like the word; the word as written when the
+        ranking's gate finds no candidate clearly best (`ranking: context`)."""
         word, found = resolved
         key = (word, self._neighbour(before), self._neighbour(after))
         try:
             return self._ranks[key]
         except KeyError:
-            return _remember(self._ranks, key, _recase(word, self._ranker.best(found, key[1], key[2])))
+            chosen = self._ranker.best(found, key[1], key[2], word.lower())
+            return _remember(self._ranks, key, word if chosen is None else _recase(word, chosen))
 
     def _case_typo(self, word: str) -> str:
         """Shift-key slips on a capitalised word, undone: a doubled capital (TThe -> The) or the capital one
