@@ -365,3 +365,53 @@ def test_the_cpu_optimizer_is_fused_and_trains_the_unfused_weights_up_to_roundin
     assert made == [True, False]
     assert not torch.equal(weights[False], weights[True])  # two kernels, not one run twice
     torch.testing.assert_close(weights[False], weights[True], rtol=1e-4, atol=1e-5)
+
+
+def test_hidden_dropout_is_set_while_training_only_and_keys_the_fine_tune_only_when_set(make_tiny_clf, tmp_path,
+                                                                                        monkeypatch):
+    """finetune.hidden_dropout: the embeddings' and each layer's two output dropouts (not the attention
+    probabilities') take the value during the epochs, the checkpoint's own afterwards; null trains as before the
+    field existed and leaves the cache key as it was; a value outside [0, 1) or an encoder without such layers
+    fails naming the field."""
+    import ttt_pipeline.modeling.train as train
+    from ttt_pipeline import steps
+    from ttt_pipeline.config import PipelineConfig, load_config
+
+    seen = []
+    epoch = train._train_epoch
+
+    def recording_epoch(loop, *args):
+        seen.append(([d.p for d in train.hidden_dropouts(loop.model)],
+                     [d.p for d in train.attention_dropouts(loop.model)]))
+        return epoch(loop, *args)
+
+    monkeypatch.setattr(train, "_train_epoch", recording_epoch)
+    weights = {}
+    for p in (None, 0.0):
+        model, tok = make_tiny_clf(("neg", "pos"))
+        own = [d.p for d in train.hidden_dropouts(model)]
+        assert len(own) == 5 and set(own) == {0.1}  # embeddings, then two per layer of the tiny BERT's two
+        cfg = FinetuneConfig(epochs=1, batch_size=8, lr=1e-3, early_stopping_patience=0, seed=0, precision="fp32",
+                             mlm_warmup_max_steps=0, hidden_dropout=p)
+        train.finetune(model, tok, _tiny_ds(tok, 4), None, cfg, tmp_path / str(p))
+        assert [d.p for d in train.hidden_dropouts(model)] == own
+        weights[p] = torch.cat([q.detach().flatten() for q in model.encoder.parameters()])
+    assert seen == [([0.1] * 5, [0.1, 0.1]), ([0.0] * 5, [0.1, 0.1])]
+    assert not torch.equal(weights[None], weights[0.0])
+
+    class Out:
+        digest = "d"
+
+    assert "hidden_dropout" not in steps.finetune_inputs(PipelineConfig(), Out(), Out())["finetune"]
+    on = load_config(None, ["finetune.hidden_dropout=0"])
+    assert steps.finetune_inputs(on, Out(), Out())["finetune"]["hidden_dropout"] == 0.0
+    with pytest.raises(ConfigError, match="finetune.hidden_dropout"):
+        load_config(None, ["finetune.hidden_dropout=1"])
+
+    class NoDropout(torch.nn.Module):
+        encoder = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ConfigError, match="finetune.hidden_dropout") as err:
+        with train.training_hidden_dropout(NoDropout(), 0.0):
+            pass
+    assert "null" in err.value.hint

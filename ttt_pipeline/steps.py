@@ -31,7 +31,7 @@ VERSIONS = {"download": "1", "tokenise": "1", "finetune": "3", "corrupt": "2", "
 DEVICE_ONLY = {"device", "num_workers", "compile", "activation_checkpointing"}
 # Fine-tune settings added later whose null is what ran before they existed: left out of the key when null, so
 # models cached earlier keep their keys.
-OPTIONAL_KEYS = {"augment", "attention_dropout"}
+OPTIONAL_KEYS = {"augment", "attention_dropout", "hidden_dropout"}
 
 
 def _v(step: str) -> str:

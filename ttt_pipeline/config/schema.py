@@ -197,6 +197,11 @@ class FinetuneConfig(Section):
         "checkpoint's own, 0.1 for BERT and MiniLM). 0 lets attention run fused without its score matrices: on "
         "MiniLM at 32x128 tokens a step needs about 40% less activation memory and runs about 20% faster "
         "(docs/benchmarks.md). Training only: the saved model keeps the checkpoint's value.")
+    hidden_dropout: float | None = Field(
+        None, ge=0, lt=1, description="Dropout on the encoder's hidden states (embeddings, attention and feed-forward "
+        "outputs) while fine-tuning (null: the checkpoint's own, 0.1 for BERT and MiniLM). On a CPU, drawing the masks "
+        "is a large share of a step (docs/benchmarks.md); 0 skips it. Training only: the saved model keeps the "
+        "checkpoint's value.")
     mlm_warmup_max_steps: int = Field(400, ge=0, description="Cap of the MLM-head warm-up (head-less encoders).")
     mlm_warmup_lr: float = Field(1e-3, gt=0, description="Learning rate of the MLM-head warm-up.")
     mlm_warmup_patience: int = Field(30, ge=1, description="Steps without 1% improvement before the plateau stop.")

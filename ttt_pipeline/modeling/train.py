@@ -274,18 +274,39 @@ def attention_dropouts(model) -> list[torch.nn.Dropout]:
             if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), torch.nn.Dropout)]
 
 
+def hidden_dropouts(model) -> list[torch.nn.Dropout]:
+    """The encoder's other dropout layers: on the embeddings and on each layer's attention output and feed-forward
+    output (the hidden states), every `nn.Dropout` of the encoder that is not an attention-probability dropout."""
+    attention = {id(d) for d in attention_dropouts(model)}
+    return [m for m in model.encoder.modules() if isinstance(m, torch.nn.Dropout) and id(m) not in attention]
+
+
 @contextmanager
 def training_attention_dropout(model, p: float | None):
     """`finetune.attention_dropout` while training, the checkpoint's own value again afterwards (a saved model and
     test-time training see what they always saw). None changes nothing."""
+    with _dropout_set(model, attention_dropouts, p, "attention_dropout", "attention dropout this pipeline can set "
+                      "(a BERT-style SelfAttention.dropout)"):
+        yield
+
+
+@contextmanager
+def training_hidden_dropout(model, p: float | None):
+    """`finetune.hidden_dropout` while training (hidden_dropouts), the checkpoint's own values again afterwards.
+    None changes nothing."""
+    with _dropout_set(model, hidden_dropouts, p, "hidden_dropout", "dropout layer on its hidden states"):
+        yield
+
+
+@contextmanager
+def _dropout_set(model, layers_of, p: float | None, field: str, what: str):
     if p is None:
         yield
         return
-    layers = attention_dropouts(model)
+    layers = layers_of(model)
     if not layers:
-        raise ConfigError(f"finetune.attention_dropout: the encoder ({type(model.encoder).__name__}) has no "
-                          "attention dropout this pipeline can set (a BERT-style SelfAttention.dropout)",
-                          "leave finetune.attention_dropout null for this model")
+        raise ConfigError(f"finetune.{field}: the encoder ({type(model.encoder).__name__}) has no {what}",
+                          f"leave finetune.{field} null for this model")
     before = [d.p for d in layers]
     for d in layers:
         d.p = p
@@ -625,6 +646,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     result = TrainResult()
     resume = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     with training_attention(model, runtime.attention), training_attention_dropout(model, cfg.attention_dropout), \
+            training_hidden_dropout(model, cfg.hidden_dropout), \
             training_checkpointing(model, _checkpointing(cfg)):
         if resume is None:
             _align(model, tokenizer, train_ds, cfg, device, amp, progress, unlabeled_ds, result)
