@@ -111,7 +111,8 @@ def mlflow_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 def test_mlflow_model_is_self_contained(mlflow_model_dir):
     """The loader module ships in code/ (MLflow's code_paths), the weights are data files, and requirements.txt
-    pins public versions only: no local build label (`+cpu`), no package of the project's name."""
+    pins exact versions, torch as its CPU build from PyTorch's CPU index (no CUDA wheels on a CPU-only host), and no
+    package of the project's name."""
     import yaml
     from packaging.requirements import Requirement
 
@@ -133,13 +134,17 @@ def test_mlflow_model_is_self_contained(mlflow_model_dir):
             "code/ttt_pipeline/classifier.py"} <= files
     assert not [f for f in files if f.startswith("code/") and not f.startswith("code/ttt_pipeline/")]
     assert json.loads((mlflow_model_dir / "serving_input_example.json").read_text())["inputs"]
-    reqs = [Requirement(line) for line in (mlflow_model_dir / "requirements.txt").read_text().splitlines()
-            if line.strip()]
-    pins = {r.name: str(r.specifier) for r in reqs}
-    assert {"mlflow", "torch", "transformers", "tokenizers", "safetensors", "symspellpy", "rapidfuzz"} <= set(pins)
+    lines = [line for line in (mlflow_model_dir / "requirements.txt").read_text().splitlines() if line.strip()]
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
+    reqs = [Requirement(line) for line in lines if not line.startswith("-")]
+    pins = {r.name: str(r.specifier) for r in reqs if r.name != "torch"}
+    assert {"mlflow", "transformers", "tokenizers", "safetensors", "symspellpy", "rapidfuzz"} <= set(pins)
     for name, spec_ in pins.items():
         assert spec_.startswith("==") and "+" not in spec_, (name, spec_)  # exact public versions
     assert not [n for n in pins if "ttt" in n]
+    torch = {str(r.marker): str(r.specifier) for r in reqs if r.name == "torch"}
+    public = torch['sys_platform == "darwin"']  # macOS: PyTorch's wheels there are CPU-only, without a label
+    assert public.startswith("==") and "+" not in public and torch['sys_platform != "darwin"'] == f"{public}+cpu"
 
 
 def test_pyfunc_predicts_with_the_model_config_and_per_request_params(mlflow_model_dir, clf):

@@ -35,8 +35,10 @@ def model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 def _pip(venv: Path, *args: str, timeout: float = 900) -> None:
     # --no-compile: no bytecode written ahead (imports write their own); the installed packages are the same
+    # PIP_RETRIES=0: requirements.txt names PyTorch's CPU index, which this machine cannot reach; one failed attempt
+    # per project, not five, and pip goes on with the indexes it can reach
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "PIP_RETRIES": "0"})
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

@@ -13,10 +13,13 @@ Layout of the logged model (an MLflow 3 LoggedModel, linked to the fine-tune run
 Self-contained: loading (`mlflow.pyfunc.load_model`, `mlflow models serve`, `mlflow models build-docker`) puts
 code/ first on sys.path, imports the loader module from it and calls `_load_pyfunc(data_path, model_config)`, as
 MLflow documents for a loader module shipped in `code_paths`. requirements.txt pins the third-party packages
-that code imports, by public version (`torch==2.13.0`, never a local build label such as `+cpu`, which no public
-index serves), so an environment built from the model's own requirements.txt alone (MLflow's virtualenv or uv
-environment manager, a Docker image, `pip install -r requirements.txt`) serves it; the project itself need not
-be installed, and no package of its name is fetched from an index. Weights are safetensors and the tokenizer
+that code imports, by version, so an environment built from the model's own requirements.txt alone (MLflow's
+virtualenv or uv environment manager, a Docker image, `pip install -r requirements.txt`) serves it; the project
+itself need not be installed, and no package of its name is fetched from an index. torch is pinned as its CPU build
+by default (`--extra-index-url https://download.pytorch.org/whl/cpu` and `torch==2.13.0+cpu` on Linux and Windows;
+macOS wheels are CPU-only already): PyPI's `torch==2.13.0` on Linux is the CUDA build, several GB of nvidia-*
+wheels, which is what MLflow's own environment managers would otherwise install on a CPU-only host.
+`TTT_MODEL_TORCH=cuda` at logging time pins PyPI's build instead (`torch==2.13.0`: CUDA on Linux). Weights are safetensors and the tokenizer
 and vocabulary are data files: nothing is unpickled; the code that runs is the package's own source in code/
 (a process that already imported `ttt_pipeline`, such as a test, keeps its own copy).
 Requests: `{"inputs": ["text", ...]}` or `{"dataframe_records": [{"text": ...}]}`, with an optional `params`
@@ -76,20 +79,40 @@ def signature(label_names: list[str]):
         params=ParamSchema(params))
 
 
-def pip_requirements() -> list[str]:
-    """`dist==<public version>` of each of REQUIREMENTS installed here: the local label of a build (torch's
-    `+cpu`) is dropped, as MLflow's own inference does, so any index resolves it and the serving machine
-    picks its build of that version (CPU or CUDA: whatever torch of that version is installed first)."""
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_BUILDS = ("cpu", "cuda")
+
+
+def _torch_lines(public: str, build: str) -> list[str]:
+    """The requirement lines of torch `public` (a public version) for `build`: cpu (PyTorch's CPU index as an extra
+    index, the `+cpu` wheel where PyTorch publishes one: Linux and Windows) or cuda (PyPI's build)."""
+    if build not in TORCH_BUILDS:
+        raise PipelineError(f"TTT_MODEL_TORCH={build!r}: the logged model's torch build is one of {TORCH_BUILDS}",
+                            "unset TTT_MODEL_TORCH (cpu, the default) or set it to cuda")
+    if build == "cuda":
+        return [f"torch=={public}"]
+    return [f"--extra-index-url {TORCH_CPU_INDEX}", f'torch=={public}+cpu; sys_platform != "darwin"',
+            f'torch=={public}; sys_platform == "darwin"']
+
+
+def pip_requirements(torch_build: str | None = None) -> list[str]:
+    """`dist==<public version>` of each of REQUIREMENTS installed here (the local label of a build, torch's `+cpu`,
+    is dropped, as MLflow's own inference does), torch as the build `torch_build` names (default
+    $TTT_MODEL_TORCH, else cpu; `_torch_lines`), whatever build is installed here."""
+    import os
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
 
+    build = (torch_build or os.environ.get("TTT_MODEL_TORCH") or "cpu").strip().lower()
     out = []
     for dist in REQUIREMENTS:
         try:
-            out.append(f"{dist}=={Version(version(dist)).public}")
+            public = Version(version(dist)).public
         except PackageNotFoundError:
             out.append(dist)
+            continue
+        out.extend(_torch_lines(public, build) if dist == "torch" else [f"{dist}=={public}"])
     return out
 
 
