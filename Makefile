@@ -86,9 +86,9 @@ test-browser: setup
 	$(BIN)/python -m pytest -q -m browser $(PYTEST_ARGS)
 
 bench: setup
-	$(BIN)/python bench/corruption_speed.py
-	$(BIN)/python bench/ttt_engine.py --json
-	$(BIN)/python bench/accuracy.py --json
+	$(BIN)/python -m bench.corruption_speed
+	$(BIN)/python -m bench.ttt_engine --json
+	$(BIN)/python -m bench.accuracy --json
 
 # Known vulnerabilities of the installed packages (pip-audit: PyPI JSON API + PyPA advisories). Prints the
 # findings and a verdict line; an unreachable advisory service says INCOMPLETE and never fails the build.

@@ -20,7 +20,7 @@ p_mcnemar, helped, hurt, significant, n, mask_seeds}: each review's correctness 
 seeds, a paired percentile bootstrap over reviews (2000 resamples, 95%), `significant` when it excludes 0;
 `per_seed` entries carry the same for one trained model. Differences are fractions (0.05 = 5 points).
 
-`.venv/bin/python bench/accuracy.py --json` (all three modes: hours on 2 cores), `--modes joint` or `--quick`; prints a
+`.venv/bin/python -m bench.accuracy --json` (all three modes: hours on 2 cores), `--modes joint` or `--quick`; prints a
 table, and with --json the last stdout line is one JSON object.
 """
 
@@ -31,17 +31,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-from common import (  # noqa: E402
+from bench import REPO
+from bench.common import (
     DIFF_FIELDS,
     MODEL,
     SHIFT,
@@ -52,10 +49,9 @@ from common import (  # noqa: E402
     skipped_without_mdsd,
     train_classifier,
 )
-
-from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
-from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
-from ttt_pipeline.modeling.precision import machine_summary  # noqa: E402
+from ttt_pipeline.evaluation.stats import format_difference, paired_difference
+from ttt_pipeline.metrics import recovered_fraction
+from ttt_pipeline.modeling.precision import machine_summary
 
 
 # ----------------------------------------------------------------------------------------- tutorial recipe
@@ -150,7 +146,7 @@ def _tutorial_warmup(mlm, tok, rows, collate, gen, special, steps: int) -> tuple
 
 def tutorial_run(seed: int, data: dict, epochs: int, warmup_steps: int, ttt_sets: list[str]) -> tuple[dict, dict]:
     """The tutorial recipe on one training seed: (figures, per-review correctness; see `score_sets`)."""
-    import _torch_ttt_shim as shim
+    from bench import _torch_ttt_shim as shim
 
     model, tok, collate, res = tutorial_train(seed, *data["train"], 4, epochs, warmup_steps)
     special = [tok.pad_token_id, tok.cls_token_id, tok.sep_token_id]

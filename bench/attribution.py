@@ -13,7 +13,7 @@
    with a 95% percentile-bootstrap interval over targets (ttt_pipeline.evaluation.stats.bootstrap_interval). The linear
    datamodeling score over `--lds-subsets` random halves of S is reported when asked for.
 
-    .venv/bin/python bench/attribution.py ../shared/data/mdsd/electronics --threads 2 --json
+    .venv/bin/python -m bench.attribution ../shared/data/mdsd/electronics --threads 2 --json
 
 The last stdout line is one JSON object: wall_s (of the step) and cpu_s, n_train, n_targets, counterfactual =
 {k, margin_drop_topk, margin_drop_random, delta, ci_low, ci_high, significant, per_target, ...}, lds (or null),
@@ -30,8 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench import REPO
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd" / "electronics"
 

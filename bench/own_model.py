@@ -14,7 +14,7 @@
    copies), timed alone on the same model in the same run, over the step's wall time; the JSON splits the rest
    into the repair's time and what remains (statistics, tokenising, batching).
 
-    .venv/bin/python bench/own_model.py [--epochs 2] [--speed-n 2000] [--quick]
+    .venv/bin/python -m bench.own_model [--epochs 2] [--speed-n 2000] [--quick]
 
 `--quick` (the tests' smoke run) trains on 48 reviews for one epoch and scores 40; its figures mean nothing.
 The last stdout line is one JSON object.
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import MDSD, MODEL, REPO, log, seed_all, skipped_without_mdsd
+from bench.common import MDSD, MODEL, REPO, log, seed_all, skipped_without_mdsd
 
 LABELS = ["1", "2", "4", "5"]
 

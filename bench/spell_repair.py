@@ -7,9 +7,9 @@ apart): `restored` (altered words turned back into the clean word), `intact_chan
 changes), `clean_changed` (clean reviews' words it changes), `miscorrected` (altered words turned into a third word)
 and the agreement with the clean words before and after; without a vocabulary and with the unscored reviews' one.
 
-    .venv/bin/python bench/spell_repair.py [--n 400] [--severity 3] [--seed 42]
-    .venv/bin/python bench/spell_repair.py --pool train [--variants ...]      # the check that chooses changes
-    .venv/bin/python bench/spell_repair.py --pool external [--variants ...]   # the ext: families, reported after
+    .venv/bin/python -m bench.spell_repair [--n 400] [--severity 3] [--seed 42]
+    .venv/bin/python -m bench.spell_repair --pool train [--variants ...]      # the check that chooses changes
+    .venv/bin/python -m bench.spell_repair --pool external [--variants ...]   # the ext: families, reported after
 
 `--pool train` never sees a review bench/defenses.py tests or validates on: the first 700 reviews of its training
 pool, corrupted with seed 1000 at severity 3 by the tutorial composite and the own keyboard, misspelling and ocr
@@ -35,12 +35,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
-from ttt_pipeline.data.readers import read_mdsd_folder  # noqa: E402
-from ttt_pipeline.defenses.spell import DEFAULT_FIXES, SpellRepair, _base_index, _counts  # noqa: E402
+from bench import REPO
+from ttt_pipeline.corruption import corrupt_texts
+from ttt_pipeline.data.readers import read_mdsd_folder
+from ttt_pipeline.defenses.spell import DEFAULT_FIXES, SpellRepair, _base_index, _counts
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mdsd"
 
@@ -104,8 +102,7 @@ def speed(repair_factory, texts: list[str], warm: list[str] | None = None, repea
 def training_pool() -> tuple[list[str], list[str]]:
     """(the check's 700 evaluated reviews, the next 700 as its vocabulary): the first of bench/defenses.py's training
     pool (MDSD electronics, its shuffle), never a review it scores or validates on."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from common import load_domain
+    from bench.common import load_domain
 
     texts, _ = load_domain("electronics")
     pool = texts[:int(0.8 * len(texts))]

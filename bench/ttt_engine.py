@@ -20,7 +20,7 @@ its paired interval (ttt_pipeline.evaluation.stats.paired_difference; each revie
 Peak RSS per engine: a fresh subprocess (`--rss-worker`) loads the model and runs that engine on a few batches; its
 VmHWM, beside `rss_base_mb` (before the engine is built).
 
-    .venv/bin/python bench/ttt_engine.py [--quick] [--json] [--sweep [--sweep-seeds 0 1 ...]]
+    .venv/bin/python -m bench.ttt_engine [--quick] [--json] [--sweep [--sweep-seeds 0 1 ...]]
 With --json the last stdout line is one JSON object.
 """
 
@@ -40,12 +40,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+import torch
 
-import torch  # noqa: E402
-from common import (  # noqa: E402
+from bench import REPO
+from bench.common import (
     DIFF_FIELDS,
     MODEL,
     build_model,
@@ -54,10 +52,9 @@ from common import (  # noqa: E402
     skipped_without_mdsd,
     train_classifier,
 )
-
-from ttt_pipeline.evaluation.stats import format_difference, paired_difference  # noqa: E402
-from ttt_pipeline.metrics import recovered_fraction  # noqa: E402
-from ttt_pipeline.modeling.precision import machine_summary, resolve_precision  # noqa: E402
+from ttt_pipeline.evaluation.stats import format_difference, paired_difference
+from ttt_pipeline.metrics import recovered_fraction
+from ttt_pipeline.modeling.precision import machine_summary, resolve_precision
 
 THREADS = 2
 DATA = (REPO.parent / "shared" / "data" / "mdsd" / "electronics").resolve()
@@ -211,8 +208,7 @@ class Reference:
     """torch-ttt's MaskedTTTEngine on the tutorial-shaped wrapper, with our row-hash masks injected."""
 
     def __init__(self, model, tok, masker, settings: dict):
-        import _torch_ttt_shim as shim
-
+        from bench import _torch_ttt_shim as shim
         from ttt_pipeline.modeling.model import special_token_ids
 
         cls = shim.masked_ttt_engine_class()

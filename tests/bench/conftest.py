@@ -4,7 +4,7 @@ the few checks that need the real encoder run it under the `bench` marker (`make
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 from pathlib import Path
 
@@ -37,12 +37,8 @@ def minilm_bench_env() -> dict:
 
 
 def _bench_module(name: str):
-    """bench/<name>.py as a module (benches are scripts, not a package)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench/<name>.py, imported as the module `bench.<name>` (the repository root is on pytest's pythonpath)."""
+    return importlib.import_module(f"bench.{name}")
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def check_intervals(summary: dict, mask_seeds, shift: bool = True, drop: bool = 
 @pytest.mark.slow
 @pytest.mark.mdsd
 def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path, tiny_bench_model, tiny_bench_env):
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--quick", "--json", "--threads", "2",
+    proc = subprocess.run([sys.executable, "-m", "bench.accuracy", "--quick", "--json", "--threads", "2",
                            "--finetune", "joint_passes=1", "--ttt-alternatives", "lr=1e-5,params=layernorm"],
                           capture_output=True, text=True, timeout=900, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -107,7 +107,7 @@ def test_quick_bench_reports_both_recipes(mdsd_dir, tmp_path, tiny_bench_model, 
 @pytest.mark.slow
 @pytest.mark.mdsd
 def test_quick_bench_chooses_ttt_settings_on_the_held_out_selection_set(mdsd_dir, tiny_bench_model, tiny_bench_env):
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--quick", "--json", "--threads", "2",
+    proc = subprocess.run([sys.executable, "-m", "bench.accuracy", "--quick", "--json", "--threads", "2",
                            "--skip-tutorial", "--select-ttt", "--selection-size", "8",
                            "--ttt-alternatives", "mask_prob=0.3"],
                           capture_output=True, text=True, timeout=900, cwd=REPO, env=tiny_bench_env)
@@ -136,12 +136,12 @@ def test_quick_bench_chooses_ttt_settings_on_the_held_out_selection_set(mdsd_dir
 
 
 def test_select_ttt_without_a_selection_set_fails_naming_the_flag():
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--select-ttt"],
+    proc = subprocess.run([sys.executable, "-m", "bench.accuracy", "--select-ttt"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "--selection-size" in proc.stderr
 
 
 def test_mask_seeds_must_be_positive():
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--mask-seeds", "0"],
+    proc = subprocess.run([sys.executable, "-m", "bench.accuracy", "--mask-seeds", "0"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "--mask-seeds" in proc.stderr

@@ -21,7 +21,7 @@ SETS = ["clean", *OWN, *EXTERNAL, "kitchen", "books"]
 def test_quick_defenses_bench_contract(mdsd_dir, tiny_bench_model, tiny_bench_env, tmp_path, defenses_bench):
     defenses = ["none", "spell", "mask_ensemble", "masked_ttt", "spell+masked_ttt"]
     kept = tmp_path / "validation.npz"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "defenses.py"), "--quick", "--json", "--threads", "2",
+    proc = subprocess.run([sys.executable, "-m", "bench.defenses", "--quick", "--json", "--threads", "2",
                            "--defenses", *defenses, "--augmented", "none", "spell",
                            "--ttt-candidates", "tutorial", "lr=1e-4", "--min-speed", "0",
                            "--keep-validation", str(kept)],

@@ -18,7 +18,7 @@ MDSD = (REPO.parent / "shared" / "data" / "mdsd").resolve()
 @pytest.mark.slow
 @pytest.mark.skipif(not (MDSD / "electronics").is_dir(), reason=f"MDSD reviews not found at {MDSD}")
 def test_quick_own_model_bench_evaluates_both_forms_alike_and_splits_its_time(tmp_path, tiny_bench_env):
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "own_model.py"), "--quick", "--work", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.own_model", "--quick", "--work", str(tmp_path)],
                           capture_output=True, text=True, timeout=1500, cwd=REPO,
                           env={**tiny_bench_env, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -1,9 +1,7 @@
-"""bench/repair_ceiling.py's oracle repair: the tutorial composite's word pass replayed exactly (no model)."""
+"""bench/studies/repair_ceiling.py's oracle repair: the tutorial composite's word pass replayed exactly (no model)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +21,9 @@ DISTINCT = [f"{t} ({i})" for i, t in enumerate(TEXTS)]  # distinct texts: distin
 
 @pytest.fixture(scope="module")
 def ceiling():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("repair_ceiling", REPO / "bench" / "repair_ceiling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from bench.studies import repair_ceiling
+
+    return repair_ceiling
 
 
 def _subsequence(part: list[str], whole: list[str]) -> bool:

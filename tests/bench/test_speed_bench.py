@@ -19,7 +19,7 @@ SPREAD = {"median", "min", "max", "n"}
 def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tiny_bench_model):
     env = {k: v for k, v in os.environ.items() if k != "TTT_CPU_NATIVE_BF16"}  # the bench asks the real CPU
     env["TTT_BENCH_MODEL"] = str(tiny_bench_model)  # both recipes and the served model on the tiny random BERT
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "speed.py"), "--quick", "--demo", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "bench.speed", "--quick", "--demo", "--json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(proc.stdout)

@@ -18,7 +18,7 @@ def test_default_fixes_pass_the_adoption_rule(mdsd_dir):
     """The rule of the bench's docstring, against no fixes: restored +2 points or more, at most +0.2 point of
     changed intact and clean words, no more than 0.5 point lost on the keyboard family, 200 reviews/s; and the rule
     for glyph and digit typos for `glyphs` against the default before it."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "spell_repair.py"), "--pool", "train",
+    proc = subprocess.run([sys.executable, "-m", "bench.spell_repair", "--pool", "train",
                            "--variants", "base", "default", BEFORE_GLYPHS], capture_output=True, text=True, timeout=600,
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -45,8 +45,7 @@ def test_default_fixes_pass_the_adoption_rule(mdsd_dir):
 
 
 def test_pooled_weights_each_family_by_its_altered_words():
-    sys.path.insert(0, str(REPO / "bench"))
-    import spell_repair
+    from bench import spell_repair
 
     effects = {"a": {"altered_words": 100, "restored": 0.5, "miscorrected": 0.2},
                "b": {"altered_words": 300, "restored": 0.9, "miscorrected": 0.0}}

@@ -20,7 +20,7 @@ ENGINES = {"reference": "acc_reference_ttt", "ours_same": "acc_ours_same", "ours
 @pytest.mark.slow
 @pytest.mark.mdsd
 def test_quick_engine_bench_reports_paired_gains(mdsd_dir, tmp_path, tiny_bench_model, tiny_bench_env):
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "ttt_engine.py"), "--quick", "--json", "--no-rss"],
+    proc = subprocess.run([sys.executable, "-m", "bench.ttt_engine", "--quick", "--json", "--no-rss"],
                           capture_output=True, text=True, timeout=1200, cwd=REPO, env=tiny_bench_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(proc.stdout)  # kept by pytest: the JSON, to read after

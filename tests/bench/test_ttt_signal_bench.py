@@ -1,4 +1,4 @@
-"""bench/ttt_signal.py --quick (issue 35): every head quality in both fine-tuning modes gets one row with the
+"""bench/studies/ttt_signal.py --quick (issue 35): every head quality in both fine-tuning modes gets one row with the
 signal (perplexity, held-out change, gradient cosine) beside masked TTT's paired differences."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ DIFF = {"delta", "ci_low", "ci_high", "p_mcnemar", "helped", "hurt", "significan
 
 
 def run_quick_signal_bench(env: dict) -> dict:
-    """bench/ttt_signal.py --quick --heads weak dapt under `env`; the JSON after its contract's checks."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "ttt_signal.py"), "--quick", "--json",
+    """bench/studies/ttt_signal.py --quick --heads weak dapt under `env`; the JSON after its contract's checks."""
+    proc = subprocess.run([sys.executable, "-m", "bench.studies.ttt_signal", "--quick", "--json",
                            "--heads", "weak", "dapt"], capture_output=True, text=True, timeout=1200, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -56,10 +56,9 @@ def test_quick_signal_bench_dapt_reads_better_on_minilm(mdsd_dir, minilm_bench_e
     assert rows[("dapt", "full")]["perplexity"] < rows[("weak", "full")]["perplexity"]
 
 
-def test_candidates_are_typed_as_the_config_types_them(monkeypatch):
+def test_candidates_are_typed_as_the_config_types_them():
     """YAML 1.1 reads `1e-4` as a string; the candidates go through TTTConfig (the H100 run found it)."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from ttt_signal import candidates
+    from bench.studies.ttt_signal import candidates
 
     got = candidates(["tutorial", "lr=1e-4", "mask_prob=0.15,lr=1e-4"])
     assert got == {"tutorial": {}, "lr=1e-4": {"lr": 1e-4}, "mask_prob=0.15,lr=1e-4": {"mask_prob": 0.15, "lr": 1e-4}}

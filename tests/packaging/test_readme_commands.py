@@ -57,7 +57,7 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
     ".venv/bin/ttt-pipeline evaluate --model models:/my-classifier@prod "
     "--set 'model.label_map={LABEL_0: negative, LABEL_1: positive}'":
         "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
-    ".venv/bin/python bench/defenses.py --json --seeds 51 52 53 --split-seed 2029 --test-seed 13 --val-seeds 7 8 9 "
+    ".venv/bin/python -m bench.defenses --json --seeds 51 52 53 --split-seed 2029 --test-seed 13 --val-seeds 7 8 9 "
     "--mask-seeds 0 --defenses none spell --no-augment --min-speed 0":
         "tests/bench/test_defenses_bench.py (its --quick mode, slow suite; the full run takes hours and MDSD's files)",
 }
@@ -176,8 +176,9 @@ def test_every_readme_command_is_checked():
     dry = subprocess.run(["make", "-n", "bench", "serve", "serve-model"], cwd=REPO, capture_output=True, text=True,
                          env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
     assert dry.returncode == 0, dry.stderr
-    for script in ("bench/corruption_speed.py", "bench/ttt_engine.py", "bench/accuracy.py", "scripts/serve.sh",
-                   "scripts/serve_model.sh"):
+    for module in ("bench.corruption_speed", "bench.ttt_engine", "bench.accuracy"):  # run as modules of bench/
+        assert f"python -m {module}" in dry.stdout and (REPO / f"{module.replace('.', '/')}.py").is_file()
+    for script in ("scripts/serve.sh", "scripts/serve_model.sh"):
         assert script in dry.stdout and (REPO / script).is_file()
     bench_tests = subprocess.run(["make", "-n", "test-bench"], cwd=REPO, capture_output=True, text=True,
                                  env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})

@@ -39,7 +39,7 @@ def stream_key(char_prob: float, word_prob: float) -> str:
 
 def word_pass(words: list[str], word_prob: float, rng: random.Random) -> list[tuple[int, str]]:
     """Step 1: the words that survive, as (index in `words`, word after a possible shuffle).  Public so that
-    bench/repair_ceiling.py can tell the deleted words from the altered ones on the same random stream."""
+    bench/studies/repair_ceiling.py can tell the deleted words from the altered ones on the same random stream."""
     survivors: list[tuple[int, str]] = []
     for idx, word in enumerate(words):
         if rng.random() < word_prob:

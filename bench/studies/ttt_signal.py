@@ -30,18 +30,21 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-from common import MODEL, log, model_device, skipped_without_mdsd  # noqa: E402
-from defenses import Scorer, add_data_arguments, build_data, choose_ttt, diff, train_model  # noqa: E402  (one data recipe for both benches)
+from bench.common import MODEL, log, model_device, skipped_without_mdsd
+from bench.defenses import (  # (one data recipe for both benches)
+    Scorer,
+    add_data_arguments,
+    build_data,
+    choose_ttt,
+    diff,
+    train_model,
+)
 
 HEADS = {"weak": lambda a: {"mlm_warmup_max_steps": a.weak_steps},
          "warmup": lambda a: {"mlm_warmup_max_steps": a.warmup_steps},

@@ -14,7 +14,7 @@ Recovered fraction = (defended - corrupted) / (clean - corrupted), pooled over t
 paired bootstrap interval of `ttt_pipeline.evaluation.stats`. The oracle's fraction is the ceiling of every
 word-level repair; spell's fraction divided by it is the share of the reachable gain that spell already takes.
 
-    .venv/bin/python bench/repair_ceiling.py [--seeds 51] [--split-seed 2029] [--val-seeds 7 8 9 10 11]
+    .venv/bin/python -m bench.studies.repair_ceiling [--seeds 51] [--split-seed 2029] [--val-seeds 7 8 9 10 11]
 
 The last stdout line is one JSON object.
 """
@@ -25,21 +25,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from common import load_domain, skipped_without_mdsd  # noqa: E402
-from defenses import Scorer, train_model  # noqa: E402
-
-from ttt_pipeline.corruption import corrupt_texts  # noqa: E402
-from ttt_pipeline.corruption.registry import get_family  # noqa: E402
-from ttt_pipeline.corruption.rng import text_rng  # noqa: E402
-from ttt_pipeline.corruption.tutorial import TUTORIAL_WORD_PROB, word_pass  # noqa: E402
+from bench.common import load_domain, skipped_without_mdsd
+from bench.defenses import Scorer, train_model
+from ttt_pipeline.corruption import corrupt_texts
+from ttt_pipeline.corruption.registry import get_family
+from ttt_pipeline.corruption.rng import text_rng
+from ttt_pipeline.corruption.tutorial import TUTORIAL_WORD_PROB, word_pass
 
 
 def surviving_words(text: str, seed: int) -> list[str]:

@@ -7,7 +7,7 @@ paired 95% bootstrap interval. Speed: the scoring speedup (fp32 seconds over bf1
 the bare encoder's, the model's own encoder run on the same batches with and without autocast in the same run;
 `scoring_share_of_encoder_speedup` is their ratio (the issue's line: >= 0.8).
 
-    .venv/bin/python bench/scoring_precision.py --model FOLDER [--config mdsd-electronics]
+    .venv/bin/python -m bench.studies.scoring_precision --model FOLDER [--config mdsd-electronics]
 
 FOLDER: a Hugging Face sequence-classification folder (imported as `ttt-pipeline evaluate` imports it) or a
 pipeline model folder (`.cache/finetune/<key>/model`). The last stdout line is one JSON object.
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import MDSD, log, skipped_without_mdsd
+
+from bench.common import MDSD, log, skipped_without_mdsd
 
 
 def scored_sets(model_folder: Path, preset: str, store: Path):
