@@ -68,12 +68,14 @@ test-bench: setup
 
 test-all: test test-slow test-integration test-browser test-bench
 
-# ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md) and
-# functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows, the CLI and the benches.
+# ruff (rules in pyproject.toml), the import contracts (import-linter: the layers of docs/architecture.md),
+# functions that fit on a screen (<= 80 lines) in the library, the tasks, the flows, the CLI and the benches, and
+# reports that name no defense (scoring, robustness, plots read labels and headline keys from the registry).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/function_length.py ttt_pipeline bench --max 80
+	$(BIN)/python scripts/defense_names.py
 
 # Two test files at a time (pytest-xdist, one file per worker: a file's servers and module fixtures stay in one
 # process): the tier waits on servers, pip and subprocesses more than it computes, so two files overlap their waits.

@@ -45,6 +45,7 @@ from bench.common import (
     build_model,
     load_domain,
     log,
+    scoring_amp,
     seed_all,
     skipped_without_mdsd,
     train_classifier,
@@ -206,7 +207,7 @@ def ours_run(seed: int, mode: str, data: dict, epochs: int, ttt_overrides: dict,
             cfg_ = TTTConfig(**(overrides | {"seed": k, "signal_every": 0}))  # no probes: the served speed
 
             def ttt(texts_):
-                engine = build_engine("masked_ttt", model, tok, cfg_)
+                engine = build_engine("masked_ttt", model, tok, cfg_, scoring_amp(model, cfg_.precision))
                 return predict(model, tok, texts_, 128, cfg_.batch_size, engine).argmax(-1).tolist()
             return ttt
         return [at(k) for k in mask_seeds]

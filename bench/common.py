@@ -97,6 +97,14 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def scoring_amp(model, precision: str = "auto") -> torch.dtype | None:
+    """The autocast dtype the pipeline scores in on this machine (`ttt.precision` resolved as a run resolves it,
+    modeling/precision.py `resolve_runtime`), for benches that call the scoring functions directly."""
+    from ttt_pipeline.modeling.precision import resolve_runtime
+
+    return resolve_runtime(model_device(model), score_precision=precision).score.dtype
+
+
 def build_model(seed: int, **model_fields):
     """seed_all(seed), then a fresh classifier on MODEL for the four star classes: (model, tokenizer).
     `model_fields`: ModelConfig fields (max_length, pooling, head_hidden, ...; name too, though benches keep MODEL,

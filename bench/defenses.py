@@ -44,6 +44,7 @@ from bench.common import (
     load_domain,
     log,
     model_device,
+    scoring_amp,
     skipped_without_mdsd,
     train_classifier,
 )
@@ -149,7 +150,7 @@ class Scorer:
         repairs = self.repairs(method)  # built once per bench (the dictionary's load is not per-review work)
         t0 = time.perf_counter()
         logits = predict_texts(model, tok, texts, method, settings, self.args.max_length, self.args.batch_size,
-                               model_device(model), repairs=repairs)
+                               model_device(model), repairs=repairs, amp=scoring_amp(model, settings.precision))
         wall = time.perf_counter() - t0
         return (logits.argmax(-1) == np.asarray(labels)).astype(float), wall
 

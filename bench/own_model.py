@@ -146,7 +146,7 @@ def speed(folder: Path, store: Path, n: int) -> dict:
     from ttt_pipeline.config import load_config
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation import grid
-    from ttt_pipeline.evaluation.scoring import plain_precision, predict
+    from ttt_pipeline.evaluation.scoring import predict
     from ttt_pipeline.modeling.hf_classifier import Source
     from ttt_pipeline.modeling.model import load_model
     from ttt_pipeline.storage import StepStore
@@ -166,7 +166,7 @@ def speed(folder: Path, store: Path, n: int) -> dict:
     sets = steps._test_sets(ds, corrupt_out, list(corrupt_out.meta["sets"]), True)
     model, tok = load_model(Path(model_out.path) / "model")
     L, batch = scored.model.max_length, scored.ttt.batch_size
-    amp = plain_precision("cpu", scored.ttt).dtype  # the grid's own precision (the engines autocast alike)
+    amp = steps.runtime(scored).score.dtype  # the grid's own precision (the engines autocast alike)
     forward = {}
     for s in sets:
         t1 = time.perf_counter()
@@ -182,7 +182,7 @@ def speed(folder: Path, store: Path, n: int) -> dict:
     repair = time.perf_counter() - t2
     reviews = sum(len(j.test_set.texts) for j in jobs)
     return {"reviews": len(sets[0].texts), "sets": [s.name for s in sets], "methods": scored.ttt.methods,
-            "precision": plain_precision("cpu", scored.ttt).name,
+            "precision": steps.runtime(scored).score.name,
             "evaluate_wall_s": round(wall, 2), "evaluate_reviews_per_s": round(reviews / wall, 1),
             "forward_limit_s": round(limit, 2), "evaluate_fraction_of_limit": round(limit / wall, 3),
             "repair_s": round(repair, 2), "other_s": round(wall - limit - repair, 2),

@@ -13,7 +13,11 @@ Encoder: bench/common.py's MODEL (the JSON's "model"). Each figure is a ratio to
 - `repair_reviews_per_s`: `spell` alone, fresh word caches; `predict_reviews_per_s`: the model alone;
   `spell_overhead`: time(spell + model) / time(model) - 1; `spell_overhead_repair_alone`: time(repair) /
   time(model), the repair's share without the model's own variation from call to call (10-20%).
-- `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against `mlflow models serve` (method `spell`).
+- `serve_p50_ms` / `serve_p95_ms`: one review per request, in turn, against `mlflow models serve` (the default
+  defense) at the run's scoring precision; `serve_fp32_*` the same server at fp32, `serve_p50_speedup` their ratio.
+- `training_step` (bench/step_profile.py): one training step of the recipe before the CPU work (per-tensor AdamW,
+  the checkpoint's dropout) and now, their speedup and `of_gemm`, and the operator groups of a step and of a scoring
+  batch (matrix products, dropout, optimizer, attention, norms/elementwise).
 - `peak_rss_mb`: per stage, this process's VmHWM reset at the stage's start (scoring: the largest over repeats);
   `precision_check`: bf16 against fp32 on one linear layer, and whether `precision: auto` picked the faster.
 Scoring figures: median and [min, max] of `--repeats`; each repeat times masked TTT, the model, spell + model and the
@@ -43,7 +47,8 @@ import torch
 
 from bench import REPO
 from bench.accuracy import tutorial_train
-from bench.common import MODEL, have_mdsd, load_domain, log, model_device
+from bench.common import MODEL, have_mdsd, load_domain, log, model_device, scoring_amp
+from bench.step_profile import step_figures
 from ttt_pipeline.config import load_config
 from ttt_pipeline.corruption import corrupt_texts
 from ttt_pipeline.evaluation.stats import paired_difference
@@ -248,7 +253,7 @@ def predict(model, tok, texts: list[str], method: str, cfg, repairs=None) -> np.
 
     served = cfg.ttt.model_copy(update={"signal_every": 0})  # no held-out probes: a served model's speed
     return predict_texts(model, tok, texts, method, served, cfg.model.max_length, cfg.ttt.batch_size,
-                         model_device(model), repairs=repairs)
+                         model_device(model), repairs=repairs, amp=scoring_amp(model, served.precision))
 
 
 def scoring_figures(trained, data: dict, args) -> dict:
@@ -293,7 +298,23 @@ def scoring_figures(trained, data: dict, args) -> dict:
 
 
 def serve_figures(trained, data: dict, args) -> dict:
-    """p50/p95 of one review per request against `mlflow models serve` of the model (local environment)."""
+    """p50/p95 of one review per request against `mlflow models serve` of the model (local environment), with the
+    default defense: at the run's scoring precision (`ttt.precision`, the served model's own) and, as the reference
+    of the same run, at fp32 (`serve_fp32_*`: how the served model scored before it used the CPU's bf16 units)."""
+    model, tok, cfg = trained
+    out = {"serve_method": cfg.evaluation.defense}
+    for arm, precision in (("fp32", "fp32"), ("", cfg.ttt.precision)):
+        ms = serve_latencies(trained, data, args, precision)
+        prefix = f"serve_{arm}_" if arm else "serve_"
+        out.update({f"{prefix}p50_ms": round(float(np.percentile(ms, 50)), 1),
+                    f"{prefix}p95_ms": round(float(np.percentile(ms, 95)), 1)})
+        out["serve_requests"] = len(ms)
+    out["serve_p50_speedup"] = round(out["serve_fp32_p50_ms"] / out["serve_p50_ms"], 3)
+    return out
+
+
+def serve_latencies(trained, data: dict, args, precision: str) -> list[float]:
+    """Milliseconds of each request, in turn, one test review each, the served model at `precision`."""
     from ttt_pipeline.classifier import inference_config
     from ttt_pipeline.defenses.vocabulary import training_vocabulary
     from ttt_pipeline.io.mlflow_model import save_classifier_model
@@ -303,14 +324,12 @@ def serve_figures(trained, data: dict, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_model(model, tok, Path(tmp) / "model")
         served = save_classifier_model(folder, Path(tmp) / "mlflow-model",
-                                       inference_config(cfg.ttt, cfg.evaluation.defense),
+                                       inference_config(cfg.ttt.model_copy(update={"precision": precision}),
+                                                        cfg.evaluation.defense),
                                        training_vocabulary(data["train"][0]))
         with model_server(served, Path(tmp) / "serve.log") as url:
             latencies = [post(url, text) for text in data["test"][0][:args.requests]]
-    ms = sorted(1000 * t for t in latencies)
-    return {"serve_p50_ms": round(float(np.percentile(ms, 50)), 1),
-            "serve_p95_ms": round(float(np.percentile(ms, 95)), 1), "serve_requests": len(ms),
-            "serve_method": cfg.evaluation.defense}
+    return sorted(1000 * t for t in latencies)
 
 
 class model_server:
@@ -398,6 +417,9 @@ def main(argv=None) -> None:
     log(f"[speed] precision: {out['precision_check']}")
     ft, trained = finetune_figures(data, args)
     log(f"[speed] fine-tuning: {ft}")
+    out["training_step"] = step_figures(trained, data, ft["roofline"]["recipe"]["width"], ft["roofline"]["gemm_gflops"],
+                                        args)
+    log(f"[speed] training step: {out['training_step']}")
     scoring = scoring_figures(trained, data, args)
     log(f"[speed] scoring: {scoring}")
     serve = {} if args.no_serve else serve_figures(trained, data, args)

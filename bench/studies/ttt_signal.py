@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import MODEL, log, model_device, skipped_without_mdsd
+from bench.common import MODEL, log, model_device, scoring_amp, skipped_without_mdsd
 from bench.defenses import (  # (one data recipe for both benches)
     Scorer,
     add_data_arguments,
@@ -58,7 +58,7 @@ def score(model, tok, method: str, texts, labels, settings, args) -> tuple[np.nd
     from ttt_pipeline.evaluation.scoring import score_texts
 
     logits, stats = score_texts(model, tok, texts, method, settings, args.max_length, args.batch_size,
-                                model_device(model))
+                                model_device(model), amp=scoring_amp(model, settings.precision))
     return (logits.argmax(-1) == np.asarray(labels)).astype(float), stats.get("heldout", [])
 
 

@@ -45,6 +45,19 @@ def test_quick_speed_bench_reports_every_figure_with_its_reference(tmp_path, tin
     assert 0.98 * model["min"] / repair["max"] <= share["min"]
     assert share["max"] <= 1.02 * model["max"] / repair["min"]
     assert 0 < out["serve_p50_ms"] <= out["serve_p95_ms"] and out["serve_requests"] == 20
+    assert 0 < out["serve_fp32_p50_ms"] <= out["serve_fp32_p95_ms"]
+    assert out["serve_p50_speedup"] == pytest.approx(out["serve_fp32_p50_ms"] / out["serve_p50_ms"], rel=0.02)
+    step = out["training_step"]
+    assert {"before", "after"} <= set(step["arms"]) and step["gflop_per_sample"] > 0
+    for name, arm in step["arms"].items():
+        assert arm["samples_per_s"] == pytest.approx(step["batch"][0] / arm["step_ms"] * 1000, rel=0.02), name
+    assert step["speedup_over_before"]["after"] == pytest.approx(
+        step["arms"]["before"]["step_ms"] / step["arms"]["after"]["step_ms"], rel=0.02)
+    for profile in (step["profile_step"], step["profile_scoring"]):
+        shares = {k: v for k, v in profile.items() if k != "total_ms"}
+        assert profile["total_ms"] > 0 and sum(shares.values()) == pytest.approx(1, abs=0.01)
+    assert {"matrix products", "optimizer"} <= set(step["profile_step"])
+    assert "optimizer" not in step["profile_scoring"]
     assert out["serve_method"] == "spell"
     assert set(out["peak_rss_mb"]) == {"finetune_tutorial", "finetune", "predict", "masked_ttt"}
     check = out["precision_check"]
