@@ -118,3 +118,33 @@ def test_the_front_switches_and_the_old_back_end_finishes_its_request_first(tmp_
     serving.stop_backend(new, drain_s=0)
     for h in (old_http, new_http):
         h.shutdown()
+
+
+def test_check_switches_when_the_alias_moves_and_keeps_serving_when_the_new_version_fails(tmp_path, monkeypatch):
+    """ChampionServer.check on the registry's alias (what polling calls): a move starts, readies and switches to
+    the new version and stops the old; a version whose server never answers is left alone, the old one serving."""
+    versions = {"alias": "1"}
+    started, stopped = [], []
+
+    class Client:
+        def get_model_version_by_alias(self, name, alias):
+            return type("MV", (), {"version": versions["alias"]})()
+
+    def start(name, version, uri, log_dir, bin_dir=None):
+        started.append(version)
+        return serving.Backend(version, 0, None, tmp_path / f"{version}.log")
+
+    monkeypatch.setattr(serving, "start_backend", start)
+    monkeypatch.setattr(serving, "wait_ready", lambda backend, timeout_s: backend.version != "3")
+    monkeypatch.setattr(serving, "stop_backend", lambda backend, drain_s=120.0: stopped.append(backend.version))
+    monkeypatch.setattr(serving, "Front", lambda host, port, backend: type("F", (), {
+        "backend": backend, "serve_forever": lambda self: None,
+        "switch": lambda self, new: (self.backend, setattr(self, "backend", new))[0]})())
+    server = serving.ChampionServer(Client(), "m", "sqlite:///x.db", tmp_path)
+    server.start("127.0.0.1", 0)
+    assert server.check() is None and started == ["1"]  # nothing moved
+    versions["alias"] = "2"
+    assert server.check() == "2" and server.front.backend.version == "2" and stopped == ["1"]
+    versions["alias"] = "3"  # its server never answers
+    assert server.check() is None and server.front.backend.version == "2" and stopped == ["1", "3"]
+    assert server.check() is None and started == ["1", "2", "3"]  # not retried until the alias moves again
