@@ -100,12 +100,12 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
 
 
 def open_run(cfg: PipelineConfig, flow_name: str, model: str) -> tuple[Tracker, str]:
-    """The run's machine choices decided and logged (once: every step reads the same `steps.runtime`), the tracking
-    store checked, and the flow's parent MLflow run started with its tags and every parameter."""
-    machine = steps.runtime(cfg)
-    get_run_logger().info("machine: %s", machine.describe())
+    """The tracking store checked, the run's machine choices decided and logged (once: every step reads the same
+    `steps.runtime`), and the flow's parent MLflow run started with its tags and every parameter."""
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
+    machine = steps.runtime(cfg)
+    get_run_logger().info("machine: %s", machine.describe())
     parent = tracker.start(cfg.tracking.run_name, tags={
         "prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": flow_name, "model": model,
         "data": cfg.data.path, "device": machine.device.type, "precision.finetune": machine.train.name,
