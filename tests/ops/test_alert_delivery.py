@@ -8,6 +8,7 @@ not exist), and no verdict for longer than the window: each arrives at the recei
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -129,16 +130,18 @@ def test_regression_failed_run_and_missed_night_reach_the_receiver(server, recei
     def subjects(word):
         return [g for g in receiver["got"] if word in g["subject"]]
 
+    night = datetime.date(2029, 6, 4)  # the nightly names each night by its ISO date
     with temporary_settings(updates={PREFECT_API_URL: server["url"]}):
         emit_outcome("regression", NAME, {
-            "model_name": NAME, "model_version": "3", "defense": "masked_ttt", "night": "2029-06-04",
-            "reference": {"delta": -0.1, "ci_low": -0.16, "ci_high": -0.05, "against": "2029-06-03"},
+            "model_name": NAME, "model_version": "3", "defense": "masked_ttt", "night": night.isoformat(),
+            "reference": {"delta": -0.1, "ci_low": -0.16, "ci_high": -0.05,
+                          "against": (night - datetime.timedelta(days=1)).isoformat()},
             "mlflow_run_id": "0" * 32})
         from prefect.events.worker import EventsWorker
 
         EventsWorker.drain_all(timeout=30)
     [regression] = _wait_for(lambda: subjects("regression"), 60) or pytest.fail(f"no regression: {receiver['got']}")
-    assert NAME in regression["subject"] and "-0.1 [-0.16," in regression["body"] and "2029-06-04" in regression["body"]
+    assert NAME in regression["subject"] and "-0.1 [-0.16," in regression["body"] and night.isoformat() in regression["body"]
 
     flow_run, state = _failing_nightly_deployment_run(server["url"])
     assert state.is_failed(), state
