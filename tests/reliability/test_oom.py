@@ -93,7 +93,7 @@ def test_finetune_step_falls_back_and_records_it(tmp_path, tiny_bert_dir, monkey
     seen = []
 
     def fake_train(model, tokenizer, train_ds, val_ds, ft_cfg, work_dir, progress=None, unlabeled_ds=None,
-                   parallel=None):
+                   parallel=None, runtime=None):
         seen.append((ft_cfg.batch_size, Path(work_dir).name, model))  # holds the model: ids stay unique
         if ft_cfg.batch_size == 16:
             raise _cuda_oom()
