@@ -22,9 +22,10 @@ import threading
 from pathlib import Path
 
 DEFAULT_MODEL = "ttt-demo-reviews-negative-positive"
-# With events, a look at the alias this often anyway: an event lost while the subscription was reconnecting, or an
-# alias moved with MLflow's own client (no event), is picked up within this time.
-EVENTS_SAFETY_POLL_S = 300.0
+# With events, a look at the alias this often anyway: an event lost while the subscription was (re)connecting (on a
+# busy machine an event emitted soon after `serve` started has reached no subscriber), or an alias moved with MLflow's
+# own client (no event), is picked up within this time: one small registry request each 30 s.
+EVENTS_SAFETY_POLL_S = 30.0
 
 
 def _follow_mode(requested: str) -> str:
