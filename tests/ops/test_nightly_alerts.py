@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
-from netutil import free_port, listening
+from netutil import free_port, prefect_server
 from tiny_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,36 +37,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prefect-alerts")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
-    env.pop("PREFECT_API_KEY", None)
-    env.pop("TTT_ALERT_WEBHOOK_URL", None)
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("the Prefect server did not start: " + (tmp / "server.log").read_text()[-2000:])
+    with prefect_server(tmp, HF_HUB_OFFLINE="1") as (env, port):
+        env.pop("TTT_ALERT_WEBHOOK_URL", None)
         yield {"env": env, "port": port, "tmp": tmp}
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)  # our own server, by its process group
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        log.close()
-        assert not listening(port), "the Prefect server's port is still listening"
 
 
 @pytest.fixture(scope="module")
