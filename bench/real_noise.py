@@ -17,7 +17,11 @@ split only (its snippets corrupted as the test set is, seed `corruption.seed`), 
    severity (in points, rounded to 0.001); ties to the smaller lr, then fewer steps, then fewer views.
 
 The test run then scores every method with those values on clean, `misspelling` at the chosen severity, and the
-other sets (`--sets`: `tutorial` and the `ext:*` families, at the preset's own severity, 3). Reported with paired
+other sets (`--sets`: `tutorial` and the `ext:*` families, at the preset's own severity, 3): `none`, `spell` and
+`spell_context` on every test snippet; `anchored_tta`, `anchored_tta_views` and `none` beside them on a seeded sample
+(seed 0) of `--tta-test-size` test snippets (default 1,000; 0: all), the same snippets on every set and seed, because
+anchored TTA's gradient steps cost about 0.1 s a snippet on a 2-core CPU (7 sets x 3 seeds x 5,798 snippets would
+take hours). Its comparisons (gain over `none`, minus its control) are paired on that sample. Reported with paired
 95% bootstrap intervals over reviews (reviews x seeds x mask seeds pooled per review, stats.paired_difference):
 the drop of `misspelling`; each defense's gain over `none` on every set; the default defense's recovered fraction
 of the misspelling drop (metrics.recovered_fraction; interval: stats.recovered_fraction_interval, bootstrap over
@@ -27,8 +31,8 @@ whose gain's interval lies below 0; `worst_ext` the default defense's lowest gai
     .venv/bin/python -m bench.real_noise                        # both presets, seeds 42 43 44, every test snippet
     .venv/bin/python -m bench.real_noise --quick --json         # smoke: 48 training, 40 val/test snippets, 1 seed
 
-Steps are cached in `--store` (default .cache/bench/store-real-noise, its raw downloads shared with the other
-benches'), so an interrupted run resumes. MDSD electronics is skipped with a message where its reviews are absent.
+Steps, the two validation choices and the anchored-TTA scores are cached in `--store` (default
+.cache/bench/store-real-noise, its raw downloads shared with the other benches'), so an interrupted run resumes. MDSD electronics is skipped with a message where its reviews are absent.
 Last stdout line: one JSON object; without --json a readable table goes to stderr first.
 """
 
@@ -180,14 +184,14 @@ def choose_tta(runs: list[dict], severity: int, args) -> dict:
     return {"chosen": {k: chosen[k] for k in ("lr", "steps", "views")}, "grid": grid_rows}
 
 
-def test_predictions(run: dict, severity: int, tta: dict, args) -> dict[tuple[str, str], np.ndarray]:
-    """The test run: the corrupt and evaluate steps, misspelling at `severity` and the other sets at the preset's
-    own; spell_context evaluated in its own config. Correctness keyed (set family or clean, method)."""
+def test_predictions(run: dict, severity: int, args) -> dict[tuple[str, str], np.ndarray]:
+    """The test run of the repairs on every test snippet: the corrupt and evaluate steps, misspelling at `severity`
+    and the other sets at the preset's own; spell_context evaluated in its own config. Correctness keyed (set family
+    or clean, method)."""
     from ttt_pipeline import steps
 
     preset, seed, st, data, model_out = run["preset"], run["seed"], run["store"], run["data"], run["model"]
-    chosen = tta_sets(tta["lr"], tta["steps"], tta["views"])
-    plain = "ttt.methods=[none,spell,anchored_tta,anchored_tta_views]"
+    plain = "ttt.methods=[none,spell]"
     context = ["ttt.methods=[spell]", *CONTEXT_SPELL]
     other_sev = run["cfg"].corruption.severities[0]
     corruption = [(["corruption.families=[misspelling]", f"corruption.severities=[{severity}]"], ["clean", "misspelling"])]
@@ -197,7 +201,7 @@ def test_predictions(run: dict, severity: int, tta: dict, args) -> dict[tuple[st
     frames = []
     for corr, families in corruption:
         for methods, label in (([plain], None), (context, "spell_context")):
-            cfg = config(preset, seed, args, *corr, *chosen, *methods)
+            cfg = config(preset, seed, args, *corr, *methods)
             out = steps.evaluate(cfg, data, model_out, steps.corrupt(cfg, data, st), st, families=families)
             frame = steps.read_predictions([out])
             if label:
@@ -213,22 +217,32 @@ def test_predictions(run: dict, severity: int, tta: dict, args) -> dict[tuple[st
     return result
 
 
-def report(per_seed: list[dict], set_names: list[str], default: str) -> dict:
-    """The table from the seeds' test correctness (module doc): drop, gains, recovered fraction, TTA vs control."""
+REPAIRS, ENGINES = ("none", "spell", "spell_context"), ("none", "anchored_tta", "anchored_tta_views")
+
+
+def report(per_seed: list[dict], tta_seed: list[dict], set_names: list[str], default: str) -> dict:
+    """The table from the seeds' test correctness (module doc): drop, gains, recovered fraction, TTA vs control.
+    The repairs' rows come from every test snippet, the engines' from their sample (`none` beside them)."""
     from ttt_pipeline.evaluation.stats import paired_difference, recovered_fraction_interval
     from ttt_pipeline.metrics import recovered_fraction
 
-    def get(s: str, m: str) -> np.ndarray:
-        return pooled(per_seed, (s, m))
+    def get(s: str, m: str, engines: bool = False) -> np.ndarray:
+        return pooled(tta_seed if engines else per_seed, (s, m))
 
-    acc = {s: {m: round(100 * float(get(s, m).mean()), 2) for m in METHODS} for s in set_names}
+    def gain(s: str, m: str) -> dict:
+        engines = m in ENGINES[1:]
+        return points(paired_difference(get(s, "none", engines), get(s, m, engines)))
+
+    acc = {s: {m: round(100 * float(get(s, m, m in ENGINES[1:]).mean()), 2) for m in METHODS} |
+           {"none_tta_sample": round(100 * float(get(s, "none", True).mean()), 2)} for s in set_names}
     drop = paired_difference(get("misspelling", "none"), get("clean", "none"))
-    gains = {m: {s: points(paired_difference(get(s, "none"), get(s, m))) for s in set_names} for m in METHODS[1:]}
-    clean, corrupted, defended = (get(s, m).mean(1) for s, m in (("clean", "none"), ("misspelling", "none"),
-                                                                  ("misspelling", default)))
+    gains = {m: {s: gain(s, m) for s in set_names} for m in METHODS[1:]}
+    clean, corrupted, defended = (get(s, m, m in ENGINES[1:]).mean(1) for s, m in (
+        ("clean", "none"), ("misspelling", "none"), ("misspelling", default)))
     point = recovered_fraction(clean.mean(), corrupted.mean(), defended.mean())
     _, lo, hi = recovered_fraction_interval(clean, corrupted, defended, seed=0)
-    tta = {s: points(paired_difference(get(s, "anchored_tta_views"), get(s, "anchored_tta"))) for s in set_names}
+    tta = {s: points(paired_difference(get(s, "anchored_tta_views", True), get(s, "anchored_tta", True)))
+           for s in set_names}
     harmed = [[m, s] for m in METHODS[1:] for s in set_names if gains[m][s]["ci_high"] < 0]
     ext = [s for s in set_names if s.startswith("ext:")]
     worst = min(ext, key=lambda s: gains[default][s]["delta"]) if ext else None
@@ -240,6 +254,56 @@ def report(per_seed: list[dict], set_names: list[str], default: str) -> dict:
             "worst_ext": None if worst is None else {"set": worst, **gains[default][worst]}}
 
 
+def selection(runs: list[dict], args) -> dict:
+    """Both validation choices, made once per set of models and settings and kept in the store (a resumed run
+    reads them instead of scoring the grid again)."""
+    inputs = {"models": [r["model"].digest for r in runs], "quick": args.quick, "val_size": args.val_size,
+              "mask_seeds": args.mask_seeds, "severities": SEVERITIES, "target": TARGET_DROP,
+              "grid": QUICK_GRID if args.quick else (LRS, STEPS, VIEWS)}
+
+    def build(tmp: Path) -> dict:
+        severity = choose_severity(runs, args)
+        return {**severity, "anchored_tta": choose_tta(runs, severity["severity"], args)}
+
+    return runs[0]["store"].run("bench-real-noise-selection", inputs, build).meta
+
+
+def tta_predictions(run: dict, severity: int, tta: dict, args) -> dict[tuple[str, str], np.ndarray]:
+    """`none`, `anchored_tta` and `anchored_tta_views` on the `--tta-test-size` sample of every set (module doc),
+    correctness keyed as test_predictions'; cached in the store per model, sets and settings."""
+    from ttt_pipeline import steps
+    from ttt_pipeline.data.prepare import load_prepared
+
+    preset, seed, st, data = run["preset"], run["seed"], run["store"], run["data"]
+    methods = ["ttt.methods=[none,anchored_tta,anchored_tta_views]", "evaluation.default_defense=anchored_tta"]
+    families = [("misspelling", severity)] + [(f, run["cfg"].corruption.severities[0]) for f in args.sets]
+    inputs = {"model": run["model"].digest, "families": families, "tta": tta, "size": args.tta_test_size,
+              "mask_seeds": args.mask_seeds}
+
+    def build(tmp: Path) -> dict:
+        from ttt_pipeline.evaluation.grid import TestSet
+
+        test = load_prepared(data.path)[0]["test"]
+        n = len(test["label"])
+        keep = sorted(random.Random(0).sample(range(n), args.tta_test_size)) if 0 < args.tta_test_size < n \
+            else list(range(n))
+        labels = [test["label"][i] for i in keep]
+        sets = [TestSet("clean", "clean", [test["text"][i] for i in keep], labels)]
+        for family, sev in families:
+            cfg = config(preset, seed, args, f"corruption.families=[{json.dumps(family)}]",
+                         f"corruption.severities=[{sev}]")
+            texts = steps.read_set(steps.corrupt(cfg, data, st), f"{family}-{sev}")
+            sets.append(TestSet("corrupted", family, [texts[i] for i in keep], labels, family, sev))
+        cfg = config(preset, seed, args, *tta_sets(tta["lr"], tta["steps"], tta["views"]), *methods)
+        scored = score_sets(run, sets, cfg)
+        np.savez(tmp / "correct.npz", **{f"{s}|{m}": v for (s, m), v in scored.items()}, index=np.asarray(keep))
+        return {"snippets": len(keep)}
+
+    out = st.run("bench-real-noise-tta", inputs, build)
+    with np.load(Path(out.path) / "correct.npz") as z:
+        return {tuple(k.split("|")): z[k] for k in z.files if "|" in k}
+
+
 def run_preset(preset: str, args) -> dict:
     """One preset: train every seed, make both validation choices, score the test sets, the table."""
     if preset == "mdsd-electronics" and not have_mdsd():
@@ -248,17 +312,19 @@ def run_preset(preset: str, args) -> dict:
     t0 = time.perf_counter()
     seeds = args.seeds[:1] if args.quick else args.seeds
     runs = [train(preset, seed, args) for seed in seeds]
-    severity = choose_severity(runs, args)
-    log(f"{preset}: misspelling severity {severity['severity']} (validation drops "
-        f"{ {s: d['delta'] for s, d in severity['validation_drops'].items()} })")
-    tta = choose_tta(runs, severity["severity"], args)
-    log(f"{preset}: anchored_tta {tta['chosen']}")
-    per_seed = [test_predictions(r, severity["severity"], tta["chosen"], args) for r in runs]
+    chosen = selection(runs, args)
+    severity, tta = chosen["severity"], chosen["anchored_tta"]["chosen"]
+    log(f"{preset}: misspelling severity {severity} (validation drops "
+        f"{ {s: d['delta'] for s, d in chosen['validation_drops'].items()} }); anchored_tta {tta}")
+    per_seed = [test_predictions(r, severity, args) for r in runs]
+    log(f"{preset}: spell rows scored; anchored TTA on {args.tta_test_size or 'every'} test snippets")
+    tta_seed = [tta_predictions(r, severity, tta, args) for r in runs]
     set_names = ["clean", "misspelling", *args.sets]
     default = runs[0]["cfg"].evaluation.default_defense
-    table = report(per_seed, set_names, default)
+    table = report(per_seed, tta_seed, set_names, default)
     return {"seeds": seeds, "test_snippets": int(per_seed[0][("clean", "none")].shape[0]),
-            "selection": {**severity, "anchored_tta": tta}, "default_defense": default,
+            "tta_test_snippets": int(tta_seed[0][("clean", "none")].shape[0]),
+            "selection": chosen, "default_defense": default,
             "sets": set_names, **table, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -272,7 +338,8 @@ def table(preset: str, r: dict) -> str:
         return f"{preset}: skipped ({r['reason']})"
     sel, tta = r["selection"], r["selection"]["anchored_tta"]["chosen"]
     rf = r["recovered_fraction"]
-    lines = [f"{preset}: {r['test_snippets']} test snippets x seeds {r['seeds']}; misspelling severity "
+    lines = [f"{preset}: {r['test_snippets']} test snippets (anchored TTA: {r['tta_test_snippets']}) x seeds "
+             f"{r['seeds']}; misspelling severity "
              f"{sel['severity']}; anchored_tta lr {tta['lr']} steps {tta['steps']} views {tta['views']}",
              f"misspelling drop (none): {cell(r['misspelling_drop'])}; {r['default_defense']} recovers "
              f"{rf['point']} [{rf['ci_low']}, {rf['ci_high']}] of it",
@@ -304,6 +371,8 @@ def main(argv=None) -> None:
     p.add_argument("--test-size", type=int, help="cap on test snippets (data.max_test_samples; default the preset's)")
     p.add_argument("--val-size", type=int, help="validation snippets sampled (seed 0) for the choices (default all)")
     p.add_argument("--sets", nargs="*", default=list(EXT_SETS), help="sets besides clean and misspelling")
+    p.add_argument("--tta-test-size", type=int, default=1000, help="test snippets the anchored TTA rows are scored "
+                   "on (a seeded sample, the same on every set and seed; 0: all)")
     p.add_argument("--mask-seeds", type=int, default=1, help="mask seeds of the masked methods (ttt.mask_seeds)")
     p.add_argument("--store", type=Path, default=REPO / ".cache" / "bench" / "store-real-noise")
     args = p.parse_args(argv)

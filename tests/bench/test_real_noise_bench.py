@@ -31,7 +31,7 @@ def test_quick_real_noise_bench_reports_paired_intervals_around_their_points(tmp
         if r.get("skipped"):
             assert preset == "mdsd-electronics" and "no data" in r["reason"]
             continue
-        assert r["seeds"] == [42] and r["test_snippets"] == 40
+        assert r["seeds"] == [42] and r["test_snippets"] == r["tta_test_snippets"] == 40
         sel = r["selection"]
         assert sel["severity"] == 3 and sel["validation_snippets"] == 40
         assert sel["anchored_tta"]["chosen"] == {"lr": 1e-4, "steps": 1, "views": 2}
@@ -39,7 +39,7 @@ def test_quick_real_noise_bench_reports_paired_intervals_around_their_points(tmp
                              "ext:spelling"]
         assert contains(r["misspelling_drop"]) and r["misspelling_drop"]["n"] == 40
         for s in r["sets"]:
-            assert set(r["accuracy"][s]) == set(METHODS)
+            assert set(r["accuracy"][s]) == {*METHODS, "none_tta_sample"}
             assert contains(r["tta_minus_views"][s])
             for m in METHODS[1:]:
                 assert contains(r["gain_vs_none"][m][s]), (m, s)
