@@ -57,9 +57,8 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
     ".venv/bin/ttt-pipeline evaluate --model models:/my-classifier@prod "
     "--set 'model.label_map={LABEL_0: negative, LABEL_1: positive}'":
         "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
-    ".venv/bin/python -m bench.defenses --json --seeds 51 52 53 --split-seed 2029 --test-seed 13 --val-seeds 7 8 9 "
-    "--mask-seeds 0 --defenses none spell --no-augment --min-speed 0":
-        "tests/bench/test_defenses_bench.py (its --quick mode, slow suite; the full run takes hours and MDSD's files)",
+    ".venv/bin/python -m bench.real_noise --preset rt-polarity --json":
+        "tests/bench/test_real_noise_bench.py (its --quick mode, slow suite; the full run takes about two CPU hours)",
 }
 INLINE_PREFIXES = ("make ", "ttt-pipeline ", ".venv/bin/", "mlflow ", "prefect ", "curl ")
 README = REPO / "README.md"
