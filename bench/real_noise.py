@@ -217,7 +217,7 @@ def test_predictions(run: dict, severity: int, args) -> dict[tuple[str, str], np
     return result
 
 
-REPAIRS, ENGINES = ("none", "spell", "spell_context"), ("none", "anchored_tta", "anchored_tta_views")
+ENGINES = ("anchored_tta", "anchored_tta_views")  # scored on the --tta-test-size sample, beside `none`
 
 
 def report(per_seed: list[dict], tta_seed: list[dict], set_names: list[str], default: str) -> dict:
@@ -226,23 +226,21 @@ def report(per_seed: list[dict], tta_seed: list[dict], set_names: list[str], def
     from ttt_pipeline.evaluation.stats import paired_difference, recovered_fraction_interval
     from ttt_pipeline.metrics import recovered_fraction
 
-    def get(s: str, m: str, engines: bool = False) -> np.ndarray:
-        return pooled(tta_seed if engines else per_seed, (s, m))
+    def get(s: str, m: str, sample: bool = False) -> np.ndarray:
+        return pooled(tta_seed if sample or m in ENGINES else per_seed, (s, m))
 
     def gain(s: str, m: str) -> dict:
-        engines = m in ENGINES[1:]
-        return points(paired_difference(get(s, "none", engines), get(s, m, engines)))
+        return points(paired_difference(get(s, "none", m in ENGINES), get(s, m)))
 
-    acc = {s: {m: round(100 * float(get(s, m, m in ENGINES[1:]).mean()), 2) for m in METHODS} |
+    acc = {s: {m: round(100 * float(get(s, m).mean()), 2) for m in METHODS} |
            {"none_tta_sample": round(100 * float(get(s, "none", True).mean()), 2)} for s in set_names}
     drop = paired_difference(get("misspelling", "none"), get("clean", "none"))
     gains = {m: {s: gain(s, m) for s in set_names} for m in METHODS[1:]}
-    clean, corrupted, defended = (get(s, m, m in ENGINES[1:]).mean(1) for s, m in (
+    clean, corrupted, defended = (get(s, m, default in ENGINES).mean(1) for s, m in (  # paired on one set of snippets
         ("clean", "none"), ("misspelling", "none"), ("misspelling", default)))
     point = recovered_fraction(clean.mean(), corrupted.mean(), defended.mean())
     _, lo, hi = recovered_fraction_interval(clean, corrupted, defended, seed=0)
-    tta = {s: points(paired_difference(get(s, "anchored_tta_views", True), get(s, "anchored_tta", True)))
-           for s in set_names}
+    tta = {s: points(paired_difference(get(s, "anchored_tta_views"), get(s, "anchored_tta"))) for s in set_names}
     harmed = [[m, s] for m in METHODS[1:] for s in set_names if gains[m][s]["ci_high"] < 0]
     ext = [s for s in set_names if s.startswith("ext:")]
     worst = min(ext, key=lambda s: gains[default][s]["delta"]) if ext else None
