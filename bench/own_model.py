@@ -163,7 +163,7 @@ def speed(folder: Path, store: Path, n: int) -> dict:
     assert not steps.evaluate(scored, data, model_out, corrupt_out, st).cached, "a fresh store is needed"
     wall = time.perf_counter() - t0
     ds, _ = load_prepared(data.path)
-    sets = steps._test_sets(ds, corrupt_out, list(corrupt_out.meta["sets"]), True)
+    sets = steps.test_sets(ds, corrupt_out, list(corrupt_out.meta["sets"]), True)
     model, tok = load_model(Path(model_out.path) / "model")
     L, batch = scored.model.max_length, scored.ttt.batch_size
     amp = steps.runtime(scored).score.dtype  # the grid's own precision (the engines autocast alike)

@@ -20,7 +20,7 @@ def test_kept_lists_the_stored_steps_and_an_interrupted_finetunes_checkpoint(tmp
     tokens = steps.tokenise(cfg, data, store)
     assert steps.kept(cfg, store) == ["download", "tokenise"]
     inputs = steps.finetune_inputs(cfg, tokens, data)
-    work = Path(cfg.store) / "finetune" / f"{StepStore.key('finetune', inputs, steps._v('finetune'))}.work"
+    work = Path(cfg.store) / "finetune" / f"{StepStore.key('finetune', inputs, steps.version('finetune'))}.work"
     work.mkdir(parents=True)
     (work / "state.json").write_text(json.dumps({"history": [{"epoch": 1}, {"epoch": 2}]}))
     assert steps.kept(cfg, store)[-1] == "tokenise"  # a state without its checkpoint resumes nothing

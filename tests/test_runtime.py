@@ -16,7 +16,7 @@ PACKAGE = Path(precision.__file__).resolve().parents[1]
 RESOLVERS = {"resolve_precision", "resolve_attention", "cpu_native_bf16", "autocast_dtype"}
 # the one resolver, and the pipeline's key for its memo (the CPU's verdict, not a choice)
 ALLOWED = {("modeling/precision.py", "resolve_precision"), ("modeling/precision.py", "resolve_attention"),
-           ("modeling/precision.py", "cpu_native_bf16"), ("steps.py", "cpu_native_bf16")}
+           ("modeling/precision.py", "cpu_native_bf16"), ("steps/machine.py", "cpu_native_bf16")}
 
 
 def _calls(path: Path) -> set[str]:
@@ -41,7 +41,7 @@ def test_the_pipeline_resolves_once_per_configuration(monkeypatch):
     calls = []
     real = precision.resolve_runtime
     monkeypatch.setattr(precision, "resolve_runtime", lambda *a, **k: calls.append(a) or real(*a, **k))
-    steps._runtime.cache_clear()
+    steps.machine._runtime.cache_clear()
     cfg = PipelineConfig().model_copy(deep=True)
     cfg.finetune.device = "cpu"
     up = StepOutput(step="x", key="k", path="x", digest="d", cached=True, meta={"sets": {}})

@@ -44,7 +44,7 @@ def scored_sets(model_folder: Path, preset: str, store: Path):
     cfg, _ = steps.evaluated_config(cfg, model_out)
     corrupt_out = steps.corrupt(cfg, data, st)
     ds, _ = load_prepared(data.path)
-    sets = steps._test_sets(ds, corrupt_out, list(corrupt_out.meta["sets"]), True)
+    sets = steps.test_sets(ds, corrupt_out, list(corrupt_out.meta["sets"]), True)
     model, tok = load_model(Path(model_out.path) / "model")
     return cfg, model, tok, sets
 

@@ -20,7 +20,7 @@ THRESHOLD = "MALLOC_MMAP_THRESHOLD_=4194304"
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the hint names glibc's variable on Linux only")
 @pytest.mark.parametrize("stage", ["fine-tune", "evaluate"])
 def test_the_memory_hints_of_the_heavy_stages_name_the_threshold(stage):
-    assert THRESHOLD in steps._memory_hint(load_config("demo", []), stage)
+    assert THRESHOLD in steps.memory_hint(load_config("demo", []), stage)
 
 
 # After a 20 MiB block is freed glibc's own threshold rises to 20 MiB, so the next 8 MiB tensor comes from the heap

@@ -135,7 +135,7 @@ def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
     else:  # the other ranks build into a scratch store (their copy is identical and thrown away) ...
         scratch = Path(tempfile.mkdtemp(prefix=f"ttt-ddp-rank{rank}-"))
         store = StepStore(scratch)
-        key = StepStore.key("finetune", inputs, steps._v("finetune"))
+        key = StepStore.key("finetune", inputs, steps.version("finetune"))
         ckpt = shared.root / "finetune" / f"{key}.work"
         if ckpt.is_dir():  # ... resuming from rank 0's checkpoints (single node: same disk)
             shutil.copytree(ckpt, scratch / "finetune" / f"{key}.work")
