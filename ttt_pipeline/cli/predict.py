@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from ttt_pipeline.defenses import registry
 from ttt_pipeline.io import predict
 
 
@@ -30,9 +31,18 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _defenses_epilog() -> str:
+    """The --method choices, one line per defense of the registry (`registry.describe`)."""
+    rows = registry.describe()
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"  {name:<{width}}  {kind:<6}  {summary}" for name, kind, summary in rows]
+    return "defenses for --method (a method is [repair+...+]engine):\n" + "\n".join(lines)
+
+
 def add_command(subparsers) -> None:
     p = subparsers.add_parser("predict", help="classify a file of reviews with a trained model (any defense)",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0], epilog=_defenses_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="SOURCE",
                    help="model folder, MLflow run id, models:/<name>@<alias> or models:/<name>/<version>")
     p.add_argument("--input", required=True, metavar="FILE",
@@ -42,8 +52,8 @@ def add_command(subparsers) -> None:
                    help=f"input rows plus label, probability, probabilities ({', '.join(predict.OUTPUTS)})")
     p.add_argument("--text-column", default="text", help="column or field holding the review (default: text)")
     p.add_argument("--method", default=None,
-                   help="defense: none, spell, masked_ttt, tent, mask_ensemble, spell+masked_ttt, ... "
-                   "(default: the model's configured method)")
+                   help="defense: an engine, a repair, or repairs in front of an engine (spell+masked_ttt); the "
+                   "defenses are listed below (default: the model's configured method)")
     p.add_argument("--set", action="append", default=[], metavar="ttt.KEY=VALUE",
                    help="override an inference setting, e.g. ttt.steps=3 (as in `run`)")
     p.add_argument("--skip-bad-rows", action="store_true",

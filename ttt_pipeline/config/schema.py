@@ -280,20 +280,22 @@ class CorruptionConfig(Section):
         return list(dict.fromkeys(v))
 
 
+def _methods_description() -> str:
+    """`ttt.methods`' help, its list of defenses rendered from the registry (so it never lags the tables)."""
+    from ttt_pipeline.defenses import registry
+
+    return ("Methods scored on every set, each [repair+...+]engine: an engine alone, repairs alone (then plain "
+            "prediction) or repairs in front of an engine (spell+masked_ttt). The defenses: " + registry.catalogue()
+            + ". A defense with knobs of its own reads them from its section of ttt (ttt.tent.lr, ttt.spell.*). "
+            "Accuracy differences are reported against none, so keep it in the list.")
+
+
 class _TTTRun(Section):
     """What the evaluate step scores and how (the engines' shared knobs are EngineSettings, below it in TTTConfig)."""
 
     methods: list[str] = Field(
         ["none", "masked_ttt"], min_length=1,
-        description="Methods scored on every set: engines none, masked_ttt, tent, mask_ensemble (masked TTT's "
-        "no-gradient control: the same masks, predictions averaged, no weight change), the masked TTT recipes "
-        "masked_ttt_views (4 masked views per step), masked_ttt_sgd (3 SGD steps, momentum 0.9), "
-        "masked_ttt_lower_norm (LayerNorm/bias of the lower layers), masked_ttt_anchored (adapted prediction kept "
-        "only when the MLM loss fell and within ttt.masked_ttt_anchored.kl_budget of the source), tent_filtered (Tent "
-        "on low-entropy reviews, reset on collapse), anchored_tta (LayerNorm/bias steps toward agreement with masked "
-        "views on confident reviews, KL-anchored to the frozen model; ttt.anchored_tta.*) and anchored_tta_views (its "
-        "no-gradient control: the same views' predictions averaged); repairs such as spell in front of the model; compositions "
-        "repair+engine (spell+masked_ttt). Accuracy differences are reported against none, so keep it in the list.")
+        description=_methods_description())
     mask_seeds: list[int] | int = Field(
         1, description="Mask seeds of the masked methods (masked_ttt, mask_ensemble): a count n (seeds seed, "
         "seed+1, ..., seed+n-1) or a list. Each seed is scored; the gain is pooled over them.")

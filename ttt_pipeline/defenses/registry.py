@@ -4,7 +4,8 @@ A method is `repair+...+engine` (`spell+masked_ttt`), a lone repair (`spell`: th
 engine (`masked_ttt`). Adding a defense is one module with a `build` function, and a `Settings` class when it
 has knobs of its own, plus one line in ENGINES or REPAIRS (docs/architecture.md walks through it): the registry
 collects each `Settings` as the config section `ttt.<defense>` (`settings_types`) and hands the validated
-section to `build`.
+section to `build`. The line's `summary` is what the help texts list (`describe`, `catalogue`), and its module
+joins the "Defenses are independent" import contract in pyproject.toml (a test holds the two in step).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ class Entry:
     the MLM head's loss (a model without an MLM head cannot run it). How reports show it: `label` and `style`
     (matplotlib color and marker) in plots; `headline`, the short key of a defense the run's headline always
     reports when scored (acc_<headline>, acc_<kind>_<headline> for each of `headline_kinds` beyond corrupted)
-    and the confusion plots show. Scoring, robustness and plots read these and name no defense themselves."""
+    and the confusion plots show. Scoring, robustness and plots read these and name no defense themselves.
+    `summary`: what it does, in one line, for the help texts (`catalogue`)."""
 
     module: str | None
+    summary: str
     masked: bool = False
     mlm: bool = False
     label: str | None = None
@@ -38,27 +41,38 @@ class Entry:
 # the `ttt` section), `own` the module's `Settings` (`ttt.<defense>`) when it has one; `none` is the plain
 # forward pass. One line per defense.
 ENGINES: dict[str, Entry] = {
-    "none": Entry(None, label="no adaptation", style=("#d62728", "o")),
-    "masked_ttt": Entry("masked_ttt", masked=True, mlm=True, label="masked TTT", style=("#2ca02c", "s"),
+    "none": Entry(None, "no defense: the fine-tuned model's plain forward pass",
+                  label="no adaptation", style=("#d62728", "o")),
+    "masked_ttt": Entry("masked_ttt", "adapt on the MLM loss of masked copies of each test unit, predict, restore",
+                        masked=True, mlm=True, label="masked TTT", style=("#2ca02c", "s"),
                         headline="ttt", headline_kinds=("corrupted", "clean", "shift")),
-    "tent": Entry("tent", label="Tent", style=("#1f77b4", "^"), headline="tent"),
-    "mask_ensemble": Entry("mask_ensemble", masked=True, label="mask ensemble (TTT's control)",
-                           style=("#7f7f7f", "v")),  # masked TTT's no-gradient control
+    "tent": Entry("tent", "Tent: minimise the prediction entropy over the encoder's LayerNorm parameters",
+                  label="Tent", style=("#1f77b4", "^"), headline="tent"),
+    "mask_ensemble": Entry("mask_ensemble", "masked TTT's no-gradient control: predictions averaged over its masks",
+                           masked=True, label="mask ensemble (TTT's control)", style=("#7f7f7f", "v")),
     # masked TTT recipes beyond the tutorial's, and Tent with a reliability filter (docstrings cite sources)
-    "masked_ttt_views": Entry("masked_ttt_views", masked=True, mlm=True),
-    "masked_ttt_sgd": Entry("masked_ttt_sgd", masked=True, mlm=True),
-    "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", masked=True, mlm=True),
-    "masked_ttt_anchored": Entry("masked_ttt_anchored", masked=True, mlm=True),
-    "tent_filtered": Entry("tent_filtered"),
+    "masked_ttt_views": Entry("masked_ttt_views", "masked TTT whose every step averages the MLM loss over 4 "
+                              "masked views", masked=True, mlm=True),
+    "masked_ttt_sgd": Entry("masked_ttt_sgd", "masked TTT with 3 SGD steps at momentum 0.9 instead of one Adam step",
+                            masked=True, mlm=True),
+    "masked_ttt_lower_norm": Entry("masked_ttt_lower_norm", "masked TTT adapting only the LayerNorm/bias of the "
+                                   "encoder's lower half", masked=True, mlm=True),
+    "masked_ttt_anchored": Entry("masked_ttt_anchored", "masked TTT keeping an adapted prediction only if its MLM "
+                                 "loss fell and its KL is in budget", masked=True, mlm=True),
+    "tent_filtered": Entry("tent_filtered", "Tent on low-entropy, reliable reviews only, back to the source "
+                           "on collapse"),
     # consistency with masked views plus a KL anchor to the frozen model (PCL, Anti-CF), and its no-gradient control
-    "anchored_tta": Entry("anchored_tta", masked=True),
-    "anchored_tta_views": Entry("anchored_tta_views", masked=True),
+    "anchored_tta": Entry("anchored_tta", "LayerNorm/bias steps toward agreement with masked views, KL-anchored to "
+                          "the frozen model", masked=True),
+    "anchored_tta_views": Entry("anchored_tta_views", "anchored_tta's no-gradient control: its views' predictions "
+                                "averaged, no update", masked=True),
 }
 # Text repairs: each module has build(own, context) -> callable(list[str]) -> list[str]; `own` is the module's
 # `Settings` (`ttt.<defense>`), None when it has none.
 REPAIRS: dict[str, Entry] = {
-    "spell": Entry("spell", label="spelling repair", style=("#9467bd", "D")),
-    "dedupe": Entry("dedupe"),
+    "spell": Entry("spell", "spelling repair: SymSpell corrects likely typos word by word, known words kept",
+                   label="spelling repair", style=("#9467bd", "D")),
+    "dedupe": Entry("dedupe", "drops a word written twice in a row: the the battery -> the battery"),
 }
 MASKED = {name for name, entry in ENGINES.items() if entry.masked}
 
@@ -102,10 +116,36 @@ def needs_mlm(method: str) -> bool:
     return ENGINES[parse(method).engine].mlm
 
 
+def module_name(entry: Entry) -> str | None:
+    """The dotted name of the defense's module (`ttt_pipeline.defenses.tent`); None for one without (`none`)."""
+    if entry.module is None:
+        return None
+    return entry.module if "." in entry.module else f"ttt_pipeline.defenses.{entry.module}"
+
+
+def modules() -> dict[str, str]:
+    """`{defense: its module's dotted name}` for every defense that has a module, engines first (the list
+    pyproject.toml's "Defenses are independent" contract must hold: tests/defenses/test_registry_lists.py)."""
+    return {name: module_name(e) for name, e in {**ENGINES, **REPAIRS}.items() if e.module is not None}
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """`(name, kind, summary)` of every defense, kind `engine` or `repair`, in the tables' order."""
+    return ([(name, "engine", e.summary) for name, e in ENGINES.items()]
+            + [(name, "repair", e.summary) for name, e in REPAIRS.items()])
+
+
+def catalogue() -> str:
+    """Every defense in one sentence, `engines none (summary), ...; repairs spell (summary), ...`: the list the
+    help texts (`ttt.methods`, `ttt-pipeline predict`) print, so none of them lags the tables."""
+    rows = describe()
+    return "; ".join(f"{kind}s " + ", ".join(f"{name} ({summary})" for name, k, summary in rows if k == kind)
+                     for kind in ("engine", "repair"))
+
+
 def _module(entry: Entry):
     """The defense's module, imported only when it is built (config validation never imports torch)."""
-    name = entry.module if "." in entry.module else f"ttt_pipeline.defenses.{entry.module}"
-    return importlib.import_module(name)
+    return importlib.import_module(module_name(entry))
 
 
 @dataclass(frozen=True)
