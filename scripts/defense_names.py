@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 REPORTING = ["ttt_pipeline/evaluation/scoring.py", "ttt_pipeline/evaluation/robustness.py",
              "ttt_pipeline/evaluation/signal.py", "ttt_pipeline/evaluation/grid.py", "ttt_pipeline/io/plots.py",
-             "ttt_pipeline/io/report.py", "ttt_pipeline/cli/console.py"]
+             "ttt_pipeline/reports/run.py", "ttt_pipeline/cli/console.py"]
 ALLOWED = {"none"}  # no defense: the baseline every report compares against
 
 

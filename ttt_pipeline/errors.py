@@ -25,6 +25,10 @@ class DataError(PipelineError):
     """Bad or unreadable data: names the file (and row/column where known) and the fix."""
 
 
+class NoChampion(PipelineError):
+    """No model version holds the alias the nightly check follows: there is nothing to re-evaluate."""
+
+
 class DownloadError(PipelineError):
     """A remote source could not be fetched: names the source and the offline alternative."""
 

@@ -306,7 +306,7 @@ def test_attribute_stage_is_logged_and_explained(upstream, monkeypatch, capsys):
     from ttt_pipeline import steps
     from ttt_pipeline.cli.main import main
     from ttt_pipeline.io.tracking import Tracker
-    from ttt_pipeline.tasks.stages import log_stage_task
+    from ttt_pipeline.tasks.step_tasks import log_stage_task
 
     cfg, store, data, model, corrupted, evaluation = upstream
     out = steps.attribute(cfg, data, model, corrupted, [evaluation], store)

@@ -319,7 +319,7 @@ def test_prefect_markdown_summary_artifact(stack, browse):
     assert f"{stack['summary']['acc_clean']:.3f}" in dom
     assert stack["summary"]["mlflow_run_id"] in dom  # the link to the MLflow run
     # the TTT gain with its interval and verdict, the numbers the run printed and logged
-    from ttt_pipeline.io.report import difference_line
+    from ttt_pipeline.reports.run import difference_line
 
     points, interval, p_value, verdict = difference_line(stack["summary"]["ttt_gain"])
     assert "masked TTT - none, corrupted" in dom

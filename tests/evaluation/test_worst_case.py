@@ -9,7 +9,7 @@ import pandas as pd
 
 from ttt_pipeline.evaluation import robustness
 from ttt_pipeline.evaluation.scoring import headline
-from ttt_pipeline.io.report import headline_markdown, headline_table, worst_cases
+from ttt_pipeline.reports.run import headline_markdown, headline_table, worst_cases
 
 N = 300
 

@@ -16,7 +16,7 @@ def test_pipeline_scores_external_sets_apart_and_reports_the_worst_case(tmp_path
     from prefect.testing.utilities import prefect_test_harness
 
     from ttt_pipeline.flows.pipeline import ttt_pipeline
-    from ttt_pipeline.io.report import headline_table
+    from ttt_pipeline.reports.run import headline_table
 
     cfg = PipelineConfig.model_validate(tiny_config(
         tmp_path, tiny_bert_dir, "external", corruption={"families": ["misspelling", "ext:keyboard"],

@@ -14,7 +14,7 @@ from tiny_config import tiny_config
 
 from ttt_pipeline.config import PipelineConfig
 from ttt_pipeline.evaluation.stats import format_difference
-from ttt_pipeline.io.report import difference_line
+from ttt_pipeline.reports.run import difference_line
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -51,11 +51,11 @@ def test_the_tree_keeps_every_contract(tmp_path):
 @pytest.mark.parametrize("module, line, contract", [
     ("ttt_pipeline/modeling/model.py", "import mlflow  # noqa", "The pure core imports neither"),
     ("ttt_pipeline/evaluation/stats.py", "from ttt_pipeline.io import tracking  # noqa", "The pure core imports"),
-    ("ttt_pipeline/io/report.py", "import ttt_pipeline.flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
+    ("ttt_pipeline/io/runs.py", "import ttt_pipeline.flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
     ("ttt_pipeline/defenses/tent.py", "from ttt_pipeline.defenses import spell  # noqa", "Defenses are independent"),
     ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
     ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
-    ("ttt_pipeline/io/report.py", "import argparse  # noqa", "Only the command line (cli) parses arguments"),
+    ("ttt_pipeline/reports/run.py", "import argparse  # noqa", "Only the command line (cli) parses arguments"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     _tools()

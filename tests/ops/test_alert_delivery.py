@@ -85,7 +85,7 @@ def test_regression_failed_run_and_missed_night_reach_the_receiver(server, recei
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from ttt_pipeline.tasks.nightly import emit_outcome
+    from ttt_pipeline.events import emit_outcome
 
     with temporary_settings(updates={PREFECT_API_URL: server["url"]}):
         CustomWebhookNotificationBlock(name="ttt-alerts", url=receiver["url"], method="POST",

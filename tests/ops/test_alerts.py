@@ -13,7 +13,7 @@ import yaml
 
 from ttt_pipeline.cli import alerts
 from ttt_pipeline.errors import ConfigError
-from ttt_pipeline.tasks.nightly import EVENTS
+from ttt_pipeline.events import NIGHTLY as EVENTS
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = uuid.uuid4()

@@ -149,7 +149,7 @@ def test_prefect_yaml():
     assert deps["fine-tune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"
     for d in deps.values():
         assert ":" not in d["entrypoint"]  # module paths: imported from the installed package
-    assert doc["pull"] == [{"ttt_pipeline.flows.stages.enter_pipeline_home": {}}]
+    assert doc["pull"] == [{"ttt_pipeline.flows.gpu_pool.enter_pipeline_home": {}}]
     assert "definitions" not in doc  # no copy of a preset: the form names one
 
 

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_sharded_batches_split_every_epoch_evenly():
+    from ttt_pipeline.modeling.data_parallel import ShardedBatches
     from ttt_pipeline.modeling.train import WeightedLengthGroupedBatches
-    from ttt_pipeline.tasks.distributed import ShardedBatches
 
     inner = WeightedLengthGroupedBatches(None, list(range(5, 75)), 8, seed=3)  # 70 rows -> 9 batches
     shards = [ShardedBatches(inner, r, 2) for r in range(2)]

@@ -177,4 +177,4 @@ def test_deployments_as_the_api_returns_them(deployed):
     assert {"DataConfig", "FinetuneConfig", "ExecutionConfig"} <= set(schema["definitions"])
     for d in (nightly, pipeline, ft, ev, brought):
         assert "." in d.entrypoint and ":" not in d.entrypoint  # module path: the installed package
-        assert d.pull_steps == [{"ttt_pipeline.flows.stages.enter_pipeline_home": {}}]  # resolved on the worker, at run time
+        assert d.pull_steps == [{"ttt_pipeline.flows.gpu_pool.enter_pipeline_home": {}}]  # resolved on the worker, at run time

@@ -1,4 +1,4 @@
-"""The deployments' pull step: which folder a worker's run works in (prefect.yaml, ttt_pipeline.flows.stages)."""
+"""The deployments' pull step: which folder a worker's run works in (prefect.yaml, ttt_pipeline.flows.gpu_pool)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ttt_pipeline.flows.stages import enter_pipeline_home
+from ttt_pipeline.flows.gpu_pool import enter_pipeline_home
 
 
 @pytest.fixture()

@@ -41,7 +41,7 @@ def setup(tmp_path_factory, tiny_bert_dir):
     tracker.end(run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)
     client.create_registered_model(NAME)
-    source = f"{client.get_run(run_id).info.artifact_uri}/model"  # as ttt_pipeline.io.registry registers it
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"  # as ttt_pipeline.io.model_registry registers it
     mv = client.create_model_version(NAME, source, run_id=run_id)
     client.set_registered_model_alias(NAME, "champion", mv.version)
     return tmp, cfg, client, mv
@@ -185,7 +185,7 @@ def test_alarm_is_paired_silent_on_a_new_mask_seed_loud_on_a_real_regression(set
 
 def test_missing_champion_is_a_clear_error(setup, tmp_path):
     from ttt_pipeline.errors import PipelineError
-    from ttt_pipeline.flows.reevaluate import load_champion
+    from ttt_pipeline.io.nights import load_champion
 
     _, _, client, _ = setup
     with pytest.raises(PipelineError, match="no version at alias 'champion'"):
@@ -301,7 +301,7 @@ def test_training_predictions_read_the_champions_pipeline_run(monkeypatch):
     has no baseline), so this pins the lookups themselves."""
     from types import SimpleNamespace
 
-    from ttt_pipeline.flows import reevaluate
+    from ttt_pipeline.io import nights as reevaluate
 
     calls = []
 

@@ -29,7 +29,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_installs_one_top_level_package_with_its_presets(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"ttt_pipeline", wheel.name.split("-py")[0] + ".dist-info"}
-    for member in ("ttt_pipeline/cli/main.py", "ttt_pipeline/flows/pipeline.py", "ttt_pipeline/tasks/stages.py",
+    for member in ("ttt_pipeline/cli/main.py", "ttt_pipeline/flows/pipeline.py", "ttt_pipeline/tasks/step_tasks.py",
                    "ttt_pipeline/presets/demo.yaml", "ttt_pipeline/presets/demo/reviews.jsonl",
                    "ttt_pipeline/__main__.py"):
         assert member in names

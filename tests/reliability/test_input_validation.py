@@ -17,7 +17,7 @@ from ttt_pipeline.data.prepare import load_prepared, prepare_dataset
 from ttt_pipeline.data.readers import read_local
 from ttt_pipeline.data.sources import fetch_gdown, load_source
 from ttt_pipeline.errors import ConfigError, DataError, DownloadError
-from ttt_pipeline.io import stage_logging
+from ttt_pipeline.io import step_logging
 from ttt_pipeline.storage import StepOutput, file_digest
 
 COLS = ["text", "label", "input_ids"]
@@ -63,7 +63,7 @@ def test_dropped_rows_are_counted_warned_and_logged_as_metrics(tmp_path, caplog)
     assert sum(meta["sizes"].values()) == len(ROWS)
     assert any("dropped 2 empty texts and 2 rows without a label" in r.getMessage() for r in caplog.records)
     tracker = FakeTracker()
-    stage_logging.log_download(tracker, "run", StepOutput("download", "k", str(tmp_path / "out"), "d", meta=meta), cfg)
+    step_logging.log_download(tracker, "run", StepOutput("download", "k", str(tmp_path / "out"), "d", meta=meta), cfg)
     assert tracker.logged_metrics["dropped_empty_text"] == 2
     assert tracker.logged_metrics["dropped_missing_label"] == 2
     assert tracker.logged_metrics["truncated_texts"] == 0

@@ -177,14 +177,14 @@ def test_empty_inputs_still_draw(tmp_path):
     assert all(plots.png_size(tmp_path / f"{n}.png")[0] > 100 for n in "abc")
 
 
-def test_stage_logging_puts_plots_on_stage_and_parent_runs(tmp_path, rows):
-    from ttt_pipeline.io import stage_logging
+def test_step_logging_puts_plots_on_stage_and_parent_runs(tmp_path, rows):
+    from ttt_pipeline.io import step_logging
     from ttt_pipeline.io.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "plots", str(tmp_path / "mlruns"))
     parent = tracker.start("pipeline")
     child = tracker.start("evaluate", parent=parent)
-    names = stage_logging.log_plots(tracker, child, lambda d: plots.write_evaluation_plots(
+    names = step_logging.log_plots(tracker, child, lambda d: plots.write_evaluation_plots(
         {"rows": rows, "label_names": LABELS}, d))
     assert sorted(names) == sorted(plots.EVALUATION_PLOTS)
     for run_id in (child, parent):
@@ -194,5 +194,5 @@ def test_stage_logging_puts_plots_on_stage_and_parent_runs(tmp_path, rows):
     def broken(d):
         raise RuntimeError("no fonts")
 
-    assert stage_logging.log_plots(tracker, child, broken) == []  # a failing plot never fails the stage
+    assert step_logging.log_plots(tracker, child, broken) == []  # a failing plot never fails the stage
     assert tracker.client.get_run(child).data.tags["plots_error"] == "RuntimeError: no fonts"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ttt_pipeline.io import registry
+from ttt_pipeline.io import model_registry as registry
 from ttt_pipeline.io.tracking import Tracker
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from ttt_pipeline import events as champion
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.io import serving
-from ttt_pipeline.tasks import champion
 
 
 @pytest.fixture()

@@ -107,7 +107,7 @@ def registered(tmp_path_factory, make_tiny_clf, mlflow_server, prefect_api):
 
     from ttt_pipeline.config import PipelineConfig
     from ttt_pipeline.modeling.model import save_model
-    from ttt_pipeline.tasks.registry import register_task
+    from ttt_pipeline.tasks.model_registry import register_task
 
     tmp = tmp_path_factory.mktemp("champion")
     client = MlflowClient(mlflow_server)

@@ -206,7 +206,7 @@ def test_vocabulary_file_round_trip(tmp_path):
 
 @pytest.fixture(scope="module")
 def registered(tiny_model_dir, tmp_path_factory):
-    from ttt_pipeline.io import registry
+    from ttt_pipeline.io import model_registry as registry
     from ttt_pipeline.io.mlflow_model import log_classifier_model
     from ttt_pipeline.io.tracking import Tracker
 
@@ -253,7 +253,7 @@ def test_load_by_alias_version_and_run_ids(registered, clf):
 def test_reevaluation_finds_the_classifier_in_the_registered_model(registered, tmp_path):
     import mlflow.artifacts
 
-    from ttt_pipeline.flows.reevaluate import _model_root
+    from ttt_pipeline.io.nights import model_root as _model_root
 
     mv = registered["tracker"].client.get_model_version("serving-classifier", "1")
     local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path),

@@ -120,7 +120,7 @@ def summary_table(summary: dict, cfg=None) -> str:
     lines += signal_lines(summary)
     if summary.get("worst_case"):
         from ttt_pipeline.evaluation.robustness import flat_metrics
-        from ttt_pipeline.io.report import worst_case_table
+        from ttt_pipeline.reports.run import worst_case_table
 
         lines.append(worst_case_table(flat_metrics(summary), summary))
     return "\n".join(lines)

@@ -145,7 +145,7 @@ def _print_summary(summary: dict, cfg, as_json: bool, cached_note: str = "") -> 
     """The run's table (the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every
     difference), its notes, cache hits, MLflow run and UI commands; with `as_json`, the summary as the last line."""
     from ttt_pipeline.cli.console import summary_table, ui_lines
-    from ttt_pipeline.io.report import run_link
+    from ttt_pipeline.reports.run import run_link
 
     print("\n" + summary_table(summary, cfg))
     for note in summary.get("notes") or []:

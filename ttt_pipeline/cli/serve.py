@@ -6,7 +6,7 @@ move the alias by hand.
 
 `serve` runs `mlflow models serve` for the champion behind a small front in this process
 (`ttt_pipeline.io.serving`) and switches to a new champion without a failed request. It learns of a new champion
-from the Prefect event `ttt.champion.promoted` (`ttt_pipeline.tasks.champion`) when a Prefect server answers at
+from the Prefect event `ttt.champion.promoted` (`ttt_pipeline.events`) when a Prefect server answers at
 PREFECT_API_URL; otherwise it polls the registry alias every --poll-s seconds.
 """
 
@@ -29,7 +29,7 @@ EVENTS_SAFETY_POLL_S = 30.0
 
 
 def _follow_mode(requested: str) -> str:
-    from ttt_pipeline.tasks.champion import prefect_server_reachable
+    from ttt_pipeline.events import prefect_server_reachable
 
     if requested != "auto":
         return requested
@@ -41,7 +41,7 @@ def _start_following(server, mode: str, poll_s: float, stop: threading.Event) ->
     registry. Polling the alias otherwise: a run without a Prefect server (the default, `ttt-pipeline run` with
     its temporary server) emits its event nowhere a subscriber could see, and MLflow's registry webhooks need an
     MLflow server with webhooks configured; reading one alias every few seconds costs one small request."""
-    from ttt_pipeline.tasks.champion import follow_events
+    from ttt_pipeline.events import follow_events
 
     wake = threading.Event()
     if mode == "events":
@@ -85,7 +85,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_promote(args) -> int:
-    from ttt_pipeline.tasks.champion import promote_by_hand
+    from ttt_pipeline.events import promote_by_hand
 
     result = promote_by_hand(args.tracking_uri, args.model, args.version)
     sent = f"event ttt.champion.promoted {result['event_id']}" if result["event_id"] else \

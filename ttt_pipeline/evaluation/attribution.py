@@ -18,7 +18,7 @@ corruption flipped, and the reviews a defense fixed or broke. A target's attribu
 model's prediction on the text it saw, so its supporting reviews are those that push the model towards that
 prediction and its opposing ones those that push away from it.
 
-Pure core: no Prefect, no MLflow (stage_logging.py and ttt_pipeline/tasks/ add those).
+Pure core: no Prefect, no MLflow (io/step_logging.py and ttt_pipeline/tasks/ add those).
 """
 
 from __future__ import annotations

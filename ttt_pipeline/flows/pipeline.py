@@ -13,10 +13,10 @@ from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.evaluation.stats import format_difference
 from ttt_pipeline.flows.forms import name_presets
-from ttt_pipeline.flows.stages import run_task
+from ttt_pipeline.flows.gpu_pool import run_task
 from ttt_pipeline.flows.stopping import reclaim
-from ttt_pipeline.io.report import headline_markdown
 from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.reports.run import headline_markdown
 from ttt_pipeline.tasks import (
     attribute_task,
     corrupt_task,
@@ -26,7 +26,7 @@ from ttt_pipeline.tasks import (
     log_stage_task,
     tokenise_task,
 )
-from ttt_pipeline.tasks.registry import register_task
+from ttt_pipeline.tasks.model_registry import register_task
 
 STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
               "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
@@ -79,8 +79,8 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
         log_stage_task(cfg, "tokenise", [tokens], parent, cached["tokenise"])
         corrupted, cached["corrupt"] = _run(corrupt_task, cfg, data)
         log_stage_task(cfg, "corrupt", [corrupted], parent, cached["corrupt"])
-        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (ttt_pipeline/flows/stages.py)
-            from ttt_pipeline.flows.stages import run_heavy_stages
+        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (ttt_pipeline/flows/gpu_pool.py)
+            from ttt_pipeline.flows.gpu_pool import run_heavy_stages
 
             model, evaluations, cached["fine-tune"], cached["evaluate"] = run_heavy_stages(
                 cfg, data, tokens, corrupted, parent)

@@ -42,7 +42,7 @@ from typing import Any
 
 from ttt_pipeline.classifier import LOADER_MODULE, Classifier, load_local
 from ttt_pipeline.errors import PipelineError
-from ttt_pipeline.io.registry import LOGGED_MODEL_NAME, logged_model_id
+from ttt_pipeline.io.model_registry import LOGGED_MODEL_NAME, logged_model_id
 
 log = logging.getLogger(__name__)
 MODEL_TYPE = "review-classifier"
@@ -232,7 +232,7 @@ def resolve_reference(client, source: str) -> str:
     `models:/...` or `runs:/<run id>/<path>`."""
     from mlflow.exceptions import MlflowException
 
-    from ttt_pipeline.io.registry import MODEL_ARTIFACT, MODEL_STAGES, find_model_run
+    from ttt_pipeline.io.model_registry import MODEL_ARTIFACT, MODEL_STAGES, find_model_run
 
     if source.startswith("models:/"):
         return _registered(client, source)

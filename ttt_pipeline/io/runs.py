@@ -11,7 +11,7 @@ from typing import Any
 
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.io.client import default_tracking_uri, open_client
-from ttt_pipeline.io.report import ROWS, difference_line, differences, fmt
+from ttt_pipeline.reports.run import ROWS, difference_line, differences, fmt
 
 SHOWN_PARAMS = ("evaluation.default_defense", "data.path", "data.label_names", "model.name", "finetune.alignment", "finetune.epochs", "finetune.lr", "corruption.families",
                 "corruption.severities", "ttt.methods", "ttt.mask_prob", "ttt.steps", "ttt.lr")
@@ -55,7 +55,7 @@ def run_summary(run, client=None) -> dict[str, Any]:
         if k in m:
             out[k] = m[k]
     if client is not None and "registry.model_name" in t:
-        from ttt_pipeline.io.registry import champion_run_id
+        from ttt_pipeline.io.model_registry import champion_run_id
 
         try:
             out["registry"]["is_champion"] = champion_run_id(client, t["registry.model_name"]) == run.info.run_id

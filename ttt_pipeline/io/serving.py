@@ -189,7 +189,7 @@ class ChampionServer:
         self.check_lock = threading.Lock()
 
     def champion_version(self) -> str:
-        from ttt_pipeline.io.registry import current_champion
+        from ttt_pipeline.io.model_registry import current_champion
 
         mv = current_champion(self.client, self.model_name)
         if mv is None:

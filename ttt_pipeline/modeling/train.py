@@ -627,7 +627,7 @@ def finetune(model: ReviewClassifier, tokenizer, train_ds, val_ds, cfg, work_dir
     Phases: MLM alignment (`_align`, a fresh run only), the training objects (`_build_loop`), a resumed state
     (`_resume`), then per epoch `_train_epoch` and `_end_epoch` (validation, best weights, checkpoint).
 
-    `parallel` (optional, ttt_pipeline.tasks.distributed.DataParallel) makes the classification epochs
+    `parallel` (optional, ttt_pipeline.modeling.data_parallel.DataParallel) makes the classification epochs
     data-parallel: `parallel.prepare(loss_module, sampler)` wraps the batch loss (`TrainingLoss`) in
     DistributedDataParallel, which starts every rank from rank 0's weights and averages the gradients during
     each backward, and gives this rank its share of the batches.

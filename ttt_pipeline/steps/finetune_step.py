@@ -38,7 +38,7 @@ def unlabeled_texts(cfg: PipelineConfig) -> list[str]:
 
 def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: StepStore,
              progress: Progress | None = None, parallel=None) -> StepOutput:
-    """`parallel`: this rank's DataParallel in a data-parallel job (tasks/distributed.py), else None."""
+    """`parallel`: this rank's DataParallel in a data-parallel job (modeling/data_parallel.py), else None."""
     import torch
     from datasets import load_from_disk
 

@@ -1,16 +1,17 @@
 """Prefect tasks: one thin wrapper per pipeline step (cache policy, retries, progress, MLflow logging)."""
 
 from .attribution import attribute_task
-from .registry import register_task
-from .stages import (
+from .model_registry import register_task
+from .step_tasks import (
     corrupt_task,
     download_task,
     evaluate_task,
     finetune_task,
     import_model_task,
     log_stage_task,
+    new_reviews_task,
     tokenise_task,
 )
 
 __all__ = ["download_task", "tokenise_task", "finetune_task", "corrupt_task", "evaluate_task", "log_stage_task",
-           "register_task", "attribute_task", "import_model_task"]
+           "register_task", "attribute_task", "import_model_task", "new_reviews_task"]

@@ -9,7 +9,7 @@ from prefect import task
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.io import stage_logging
+from ttt_pipeline.io import step_logging
 from ttt_pipeline.io.remote_store import localise
 
 from .common import COMMON, _out, _store, step_cache
@@ -36,9 +36,9 @@ def attribute_task(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict
 
 
 def log_attribute(tracker, run_id: str, out, cfg: PipelineConfig) -> None:
-    """The MLflow child run (stage_logging.log_attribute) plus the Prefect table artifact `attribution`."""
+    """The MLflow child run (step_logging.log_attribute) plus the Prefect table artifact `attribution`."""
     result = steps.load_attribution(out)
-    stage_logging.log_attribute(tracker, run_id, out, cfg, result)
+    step_logging.log_attribute(tracker, run_id, out, cfg, result)
     _table_artifact(result)
 
 

@@ -24,7 +24,7 @@ model version as tags.
 Concurrency: the read-compare-set of the alias is not atomic; two pipeline runs finishing at the same
 moment could both promote, the later one winning. The values stay logged, so it can be audited.
 
-No Prefect import: `ttt_pipeline/tasks/registry.py` wraps `register_run` as a task.
+No Prefect import: `ttt_pipeline/tasks/model_registry.py` wraps `register_run` as a task.
 """
 
 from __future__ import annotations

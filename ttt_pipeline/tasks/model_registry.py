@@ -1,5 +1,5 @@
 """The registry task: register the run's model and move the `champion` alias when it wins (see
-`ttt_pipeline.io.registry` for what is registered and how the decision is made)."""
+`ttt_pipeline.io.model_registry` for what is registered and how the decision is made)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.io import registry
+from ttt_pipeline.events import emit_promoted
+from ttt_pipeline.io import model_registry as registry
 from ttt_pipeline.io.tracking import Tracker
-from ttt_pipeline.tasks.champion import emit_promoted
 
 
 def _transient(task, task_run, state) -> bool:
@@ -30,7 +30,7 @@ def register_task(cfg: PipelineConfig, parent_run_id: str, headline: dict | None
     """Registers the model under its task's name (`cfg.model_name(labels)`), judged on `registry.metric`
     (acc_default: the recommended defense's corrupted accuracy). Returns the decision as a dict: model_name,
     metric, version, decision (promoted/kept/skipped), alias, values, reason. A promotion emits the Prefect
-    event `ttt.champion.promoted` (ttt_pipeline.tasks.champion)."""
+    event `ttt.champion.promoted` (ttt_pipeline.events)."""
     tracker = Tracker.from_config(cfg.tracking)
     metric = cfg.registry.metric_key(cfg.evaluation.defense)
     candidate = (headline or {}).get(metric)

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig
-from ttt_pipeline.io import stage_logging
+from ttt_pipeline.io import step_logging
 from ttt_pipeline.io.tracking import Tracker
 
 from .common import COMMON, _out, _store, step_cache
@@ -87,6 +87,13 @@ def evaluate_task(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict,
         rep.close()
 
 
+@task(name="new-reviews", cache_key_fn=step_cache("new-reviews", lambda p: steps.new_reviews_inputs(
+    p["cfg"], _out(p["data"]), _out(p["model"]), p["defense"])), **COMMON)
+def new_reviews_task(cfg: PipelineConfig, data: dict, model: dict, defense: str) -> dict:
+    """The champion on `nightly.data_path`'s newest labelled reviews (`steps.score_new_reviews`)."""
+    return steps.score_new_reviews(cfg, _out(data), _out(model), defense, _store(cfg)).to_dict()
+
+
 @task(name="log-stage", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
 def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_run_id: str,
                    cached: bool) -> dict:
@@ -99,20 +106,20 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
     logged: dict = {"headline": {}}
     try:
         if stage == "download":
-            stage_logging.log_download(tracker, run_id, outs[0], cfg)
+            step_logging.log_download(tracker, run_id, outs[0], cfg)
         elif stage == "tokenise":
-            stage_logging.log_tokenise(tracker, run_id, outs[0], cfg)
+            step_logging.log_tokenise(tracker, run_id, outs[0], cfg)
         elif stage == "fine-tune":
-            stage_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model,
+            step_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model,
                                        outs[1] if len(outs) > 1 else None)  # [model, data]
         elif stage == "import-model":
-            stage_logging.log_import(tracker, run_id, outs[0], cfg, cfg.tracking.log_model, outs[1])
+            step_logging.log_import(tracker, run_id, outs[0], cfg, cfg.tracking.log_model, outs[1])
         elif stage == "corrupt":
-            stage_logging.log_corrupt(tracker, run_id, outs[0], cfg)
+            step_logging.log_corrupt(tracker, run_id, outs[0], cfg)
         elif stage == "evaluate":
             results = steps.load_results(outs)
-            reference = stage_logging.reference_rows(tracker, cfg.evaluation.reference)
-            logged = stage_logging.log_evaluate(tracker, run_id, outs, results, cfg, reference)
+            reference = step_logging.reference_rows(tracker, cfg.evaluation.reference)
+            logged = step_logging.log_evaluate(tracker, run_id, outs, results, cfg, reference)
             _grid_artifact(results["rows"], logged["comparisons"])
         elif stage == "attribute":
             from .attribution import log_attribute

@@ -1,4 +1,4 @@
-"""Human-readable summaries of a run: the headline table and its paired differences (terminal and markdown).
+"""A run's summaries: the headline table and its paired differences (terminal and markdown).
 
 Differences are read from the flat metrics (`name`, `name_ci_low`, `name_ci_high`, ...: what the run logs to
 MLflow), so the run's summary, `ttt-pipeline report` and the Prefect artifact print the same numbers.

@@ -157,7 +157,7 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
 def evaluated_model_id(tracker: Tracker, run_id: str) -> str | None:
     """The MLflow Model an evaluate run scores: the one its pipeline run's fine-tune run logged (None when it
     logged none). The headline is logged with that model id, so the logged models rank by it."""
-    from ttt_pipeline.io.registry import find_model_run, logged_model_id
+    from ttt_pipeline.io.model_registry import find_model_run, logged_model_id
 
     parent = tracker.client.get_run(run_id).data.tags.get("mlflow.parentRunId")
     model_run = find_model_run(tracker.client, parent) if parent else None

@@ -1,5 +1,10 @@
-"""The `champion` alias moving, as a Prefect event: `ttt.champion.promoted`, emitted wherever the alias moves
-(the pipeline's registry task, `ttt-pipeline promote`), and followed by `ttt-pipeline serve`.
+"""The project's Prefect events, in one home: the `champion` alias moving and the nightly check's outcome.
+
+`ttt.champion.promoted` is emitted wherever the alias moves (the pipeline's registry task, `ttt-pipeline promote`)
+and followed by `ttt-pipeline serve`; `ttt.nightly.ok`, `ttt.nightly.regression` and `ttt.nightly.no-champion` tell
+the night's outcome, and the automations of `ttt-pipeline alerts apply` act on them. This module sits between the
+tasks and the library (the `cli -> flows -> tasks -> events` contract): the tasks, the flows and the command line
+emit and follow events; io and the pure core never import Prefect.
 
 Event: name `ttt.champion.promoted`; resource `ttt.registered-model.<name>` (the resource the nightly's events name
 too, so one automation can match both); payload: model_name, version, metric, value, champion_before, reason.
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 EVENT = "ttt.champion.promoted"
+NIGHTLY = {"ok": "ttt.nightly.ok", "regression": "ttt.nightly.regression", "no_champion": "ttt.nightly.no-champion"}
 log = logging.getLogger(__name__)
 
 
@@ -40,6 +46,17 @@ def emit_promoted(result: dict[str, Any]) -> str | None:
     return str(event.id) if event is not None else None
 
 
+def emit_outcome(verdict: str, model_name: str | None, payload: dict) -> dict:
+    """Emits the night's outcome as a Prefect event (resource: the registered model); returns its name and id
+    (id None when no events client is configured)."""
+    from prefect.events import emit_event
+
+    name = NIGHTLY[verdict]
+    resource = {"prefect.resource.id": resource_id(model_name or "none"), "prefect.resource.name": model_name or "none"}
+    event = emit_event(event=name, resource=resource, payload=payload)
+    return {"name": name, "id": str(event.id) if event is not None else None}
+
+
 def flush_events(timeout: float = 10.0) -> None:
     """Sends the events emitted so far: a flow run does this when it ends; a plain command must before it exits."""
     from prefect.events.worker import EventsWorker
@@ -49,7 +66,7 @@ def flush_events(timeout: float = 10.0) -> None:
 
 def promote_by_hand(tracking_uri: str | None, model_name: str, version: str) -> dict[str, Any]:
     """Moves the alias to `version` (io.registry.set_champion) and emits EVENT, so followers switch to it."""
-    from ttt_pipeline.io import registry
+    from ttt_pipeline.io import model_registry as registry
     from ttt_pipeline.io.mlflow_model import client_for
 
     client, _ = client_for(tracking_uri)
