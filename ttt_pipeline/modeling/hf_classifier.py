@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ttt_pipeline.errors import ConfigError, DownloadError
+from ttt_pipeline.modeling import folder_checks
 from ttt_pipeline.modeling.model import MLMHead, MLMScoring, ModelMeta, check_local_source, resolve_model_source
 from ttt_pipeline.storage import atomic_dir
 
@@ -51,13 +52,13 @@ class Source:
 
 def check_folder(src: Source, trust_remote_code: bool) -> dict:
     """The model's config.json, checked before any weights load: a model folder with a classification head, no
-    remote code unless allowed, and a tokenizer beside it."""
-    folder = Path(src.model)
+    remote code unless allowed, and a tokenizer beside it; each file readable (`folder_checks`)."""
+    folder, where = Path(src.model), f"{FIELD} '{src.name}'"
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{FIELD} '{src.name}': {folder} has no config.json, so it is not a Hugging Face model "
                           "folder", "save the model with model.save_pretrained(FOLDER) and its tokenizer with "
                           "tokenizer.save_pretrained(FOLDER), then give that folder")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = folder_checks.check_config(folder, where)
     if config.get("auto_map") and not trust_remote_code:
         raise ConfigError(f"{FIELD} '{src.name}': the model needs its own code (auto_map in config.json), and "
                           "model.trust_remote_code is false", "read the code in the folder first; if you trust it, "
@@ -72,6 +73,8 @@ def check_folder(src: Source, trust_remote_code: bool) -> dict:
         raise ConfigError(f"{FIELD} '{src.name}': no tokenizer in {tok} (none of {', '.join(TOKENIZER_FILES)})",
                           "save the tokenizer the model was fine-tuned with beside it: "
                           "tokenizer.save_pretrained(FOLDER)")
+    folder_checks.check_weights(folder, config, where)
+    folder_checks.check_tokenizer_files(tok, where)
     return config
 
 
@@ -80,15 +83,17 @@ def load_source(src: Source, trust_remote_code: bool):
     not in its weights (a plain encoder or a language model would get a random head)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    if src.local:
-        check_folder(src, trust_remote_code)
-    elif src.model.startswith((".", "/", "~")):  # a path that is not there is a typo, not a hub id
+    config = check_folder(src, trust_remote_code) if src.local else None
+    if not src.local and src.model.startswith((".", "/", "~")):  # a path that is not there is a typo, not a hub id
         raise ConfigError(f"{FIELD} '{src.name}': folder {src.model} does not exist",
                           "give a model folder, an MLflow model URI (models:/NAME@ALIAS) or a hub id")
+    where = f"{FIELD} '{src.name}'"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(src.tokenizer, trust_remote_code=trust_remote_code)
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            src.model, output_loading_info=True, trust_remote_code=trust_remote_code)
+        with folder_checks.load_errors(where, Path(src.tokenizer) if src.local else None):
+            tokenizer = AutoTokenizer.from_pretrained(src.tokenizer, trust_remote_code=trust_remote_code)
+        with folder_checks.load_errors(where, Path(src.model) if src.local else None, config):
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                src.model, output_loading_info=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         if src.local:
             raise ConfigError(f"{FIELD} '{src.name}' could not be loaded: {str(exc).splitlines()[0]}",
