@@ -112,7 +112,7 @@ def counterfactual(args, cfg, data, model_out, corrupted, evaluation) -> tuple[d
     from ttt_pipeline.evaluation.attribution import sample_train, select_targets, trak_scores
     from ttt_pipeline.evaluation.attribution_check import TailTrainer, lds, removal_check
     from ttt_pipeline.evaluation.stats import bootstrap_interval
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
 
     torch.set_num_threads(args.cf_threads)
     t0 = time.perf_counter()

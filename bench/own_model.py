@@ -148,7 +148,7 @@ def speed(folder: Path, store: Path, n: int) -> dict:
     from ttt_pipeline.evaluation import grid
     from ttt_pipeline.evaluation.scoring import predict
     from ttt_pipeline.modeling.hf_classifier import Source
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
     from ttt_pipeline.storage import StepStore
 
     cfg = load_config("mdsd-electronics", [

@@ -121,7 +121,7 @@ def score_sets(run: dict, sets: list, cfg) -> dict[tuple[str, str], np.ndarray]:
     from ttt_pipeline import steps
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation import grid
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
     from ttt_pipeline.modeling.train import set_threads
 
     set_threads()

@@ -48,7 +48,7 @@ import torch
 from bench import REPO
 from bench.accuracy import tutorial_train
 from bench.common import MODEL, have_mdsd, load_domain, log, model_device, scoring_amp
-from bench.step_profile import step_figures
+from bench.step_profile import step_figures, train_gflop_per_sample  # noqa: F401 (tests read it here)
 from ttt_pipeline.config import load_config
 from ttt_pipeline.corruption import corrupt_texts
 from ttt_pipeline.evaluation.stats import paired_difference
@@ -187,17 +187,6 @@ def finetune_figures(data: dict, args) -> tuple[dict, object]:
     figures["roofline"], figures["finetune_speedup_ceiling"] = roofline(
         tut_gflop, recipe_gflop_per_sample(model, tok, cfg, data, args), figures, args)
     return figures, (model, tok, cfg)
-
-
-def train_gflop_per_sample(model, loss_fn, n: int) -> float:
-    """Matmul GFLOP of one sample's forward and backward: torch's FlopCounterMode over `loss_fn()` and its
-    backward on a batch of `n`; the gradients are dropped after."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        loss_fn().backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / n / 1e9
 
 
 def recipe_gflop_per_sample(model, tok, cfg, data: dict, args) -> dict:

@@ -79,10 +79,20 @@ class StepArm:
             self.opt.zero_grad(set_to_none=True)
 
 
+def train_gflop_per_sample(model, loss_fn, n: int) -> float:
+    """Matmul GFLOP of one sample's forward and backward: torch's FlopCounterMode over `loss_fn()` and its
+    backward on a batch of `n`; the gradients are dropped after."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss_fn().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / n / 1e9
+
+
 def step_figures(trained, data: dict, width: int, gemm: dict, args) -> dict:
     """Median step time, samples/s and of_gemm of each arm; the speedups over `before`; the operator groups of
     one `after` step and one scoring batch."""
-    from bench.speed import train_gflop_per_sample
     from ttt_pipeline.modeling.precision import resolve_runtime
 
     model, tok, cfg = trained

@@ -185,7 +185,7 @@ def train_model(out_dir: Path, texts: list[str], labels: list[int], quick: bool)
 
 
 def get_model(splits, quick: bool):
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
 
     # model-dapt*: the former loop's; model_tag(): nothing for MiniLM, the encoder's name and hash for another
     out_dir = CACHE / (("model-finetune-quick" if quick else "model-finetune") + model_tag())
@@ -264,7 +264,8 @@ def rss_worker(args) -> None:
     """Fresh process: load the model, build batches, run one engine on the first few batches, report RSS."""
     torch.set_num_threads(THREADS)
     from ttt_pipeline.defenses.base import RowHashMasker
-    from ttt_pipeline.modeling.model import load_model, special_token_ids
+    from ttt_pipeline.modeling.loading import load_model
+    from ttt_pipeline.modeling.model import special_token_ids
 
     splits = load_splits(args.quick)
     model, tok = load_model(Path(args.model_dir))

@@ -7,7 +7,8 @@ import torch
 
 from ttt_pipeline.config import ModelConfig
 from ttt_pipeline.errors import ConfigError, DownloadError
-from ttt_pipeline.modeling.model import build_classifier, load_model, load_pretrained, resolve_model_source, save_model
+from ttt_pipeline.modeling.loading import load_model
+from ttt_pipeline.modeling.model import build_classifier, load_pretrained, resolve_model_source, save_model
 
 
 def _tiny(kind: str, out, tokenizer_dir):

@@ -32,8 +32,8 @@ def _train(model_dir, work, cfg, parallel=None):
 @pytest.mark.parametrize("alignment,mode,passes", [("joint", "full", 1), ("frozen", "full", 2),
                                                    ("joint", "frozen_encoder", 2)])
 def test_one_rank_ddp_trains_exactly_like_one_process(alignment, mode, passes, tiny_bert_dir, tmp_path):
-    from ttt_pipeline.modeling.train import TrainingLoss
     from ttt_pipeline.modeling.data_parallel import DataParallel
+    from ttt_pipeline.modeling.train import TrainingLoss
 
     cfg = FinetuneConfig(epochs=2, batch_size=8, lr=2e-3, alignment=alignment, mode=mode, joint_passes=passes,
                          early_stopping_patience=0, seed=0, precision="fp32", mlm_warmup_max_steps=0)

@@ -277,7 +277,8 @@ def from_folder(folder: Path, config: dict[str, Any] | None = None, device: str 
     """A Classifier from a saved model folder (encoder/ safetensors, head.safetensors, tokenizer/, meta.json;
     optional vocabulary.json). No remote code and no pickles are loaded."""
     from ttt_pipeline.defenses.vocabulary import FILE, read_vocabulary
-    from ttt_pipeline.modeling.model import load_model, pick_device
+    from ttt_pipeline.modeling.loading import load_model
+    from ttt_pipeline.modeling.model import pick_device
 
     folder = Path(folder)
     if not any(f.suffix == ".safetensors" for sub in ("encoder", "classifier") for f in (folder / sub).glob("*")):

@@ -39,7 +39,7 @@ def train_arm(seed: int, dropout: float | None, store: Path, args) -> dict:
     from ttt_pipeline.config import load_config
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation.scoring import predict_texts
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
     from ttt_pipeline.storage import StepStore
 
     sets = [f"data.path={MDSD / 'electronics'}", "data.shift={}", f"finetune.seed={seed}", f"store={store}",

@@ -33,7 +33,7 @@ def scored_sets(model_folder: Path, preset: str, store: Path):
     from ttt_pipeline.config import load_config
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.modeling.hf_classifier import Source
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
     from ttt_pipeline.storage import StepStore
 
     cfg = load_config(preset, [f"data.path={MDSD / 'electronics'}", f"store={store}",

@@ -248,7 +248,7 @@ def test_runs_on_a_sequence_classifier_without_an_mlm_head(tmp_path):
 
     from ttt_pipeline.config import ModelConfig
     from ttt_pipeline.modeling.hf_classifier import SequenceClassifier, Source, import_classifier
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
 
     folder = save_classifier(tmp_path / "bert-clf")
     src = Source(str(folder), str(folder), str(folder))

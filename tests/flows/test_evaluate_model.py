@@ -43,7 +43,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 def import_to(folder: Path, tmp: Path, *overrides: str):
     """The import step on the demo data (its labels: negative, positive), then the stored model loaded back."""
     from ttt_pipeline import steps
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
     from ttt_pipeline.storage import StepStore
 
     cfg = load_config("demo", [f"store={tmp / 'store'}", *overrides])

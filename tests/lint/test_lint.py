@@ -56,6 +56,11 @@ def test_the_tree_keeps_every_contract(tmp_path):
     ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
     ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
     ("ttt_pipeline/reports/run.py", "import argparse  # noqa", "Only the command line (cli) parses arguments"),
+    ("ttt_pipeline/io/nights.py", "import ttt_pipeline.events  # noqa", "The side-effect layer (io) never imports"),
+    ("ttt_pipeline/nightly.py", "import ttt_pipeline.io.nights  # noqa", "The pure core imports"),
+    ("ttt_pipeline/events.py", "import ttt_pipeline.tasks  # noqa", "cli -> flows -> tasks -> events -> library"),
+    ("ttt_pipeline/modeling/model.py", "from ttt_pipeline.modeling import loading  # noqa", "No import circle"),
+    ("ttt_pipeline/data/readers.py", "from ttt_pipeline.data import sources  # noqa", "No import circle"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     _tools()

@@ -228,12 +228,22 @@ def read_mdsd_folder(folder: Path, field: str = "data.path") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+MDSD_HINT = ("the MDSD reviews (Multi-Domain Sentiment Dataset: Blitzer, Dredze, Pereira, ACL 2007) are not shipped: "
+             "download the ACL 2007 set (domain_sentiment_data.tar.gz) from "
+             "https://www.cs.jhu.edu/~mdredze/datasets/sentiment/ and set {field} to its electronics folder "
+             "(docs/data.md has the files' checksums)")
+
+
+def missing_path_hint(path: Path | str, field: str) -> str:
+    """The hint of a missing local source: where relative paths start, and where a preset's data comes from."""
+    hint = f"check {field} (relative paths start at the current folder; `./` in a config file at that file)"
+    return f"{hint}; {MDSD_HINT.format(field=field)}" if "mdsd" in str(path).lower() else hint
+
+
 def read_local(path: Path, pt_columns: list[str], field: str = "data.path") -> pd.DataFrame:
     """One local file or MDSD folder as a frame; `field` names the config field in error hints."""
     path = Path(path)
     if not path.exists():
-        from ttt_pipeline.data.sources import missing_path_hint
-
         raise DataError(f"{path}: no such file or folder", missing_path_hint(path, field))
     if path.is_dir():
         return read_mdsd_folder(path, field)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ttt_pipeline.data.readers import read_local
+from ttt_pipeline.data.readers import missing_path_hint, read_local
 from ttt_pipeline.errors import DataError, DownloadError, require_extra
 from ttt_pipeline.storage import file_digest, stable_hash, tree_digest
 
@@ -223,18 +223,6 @@ def load_source(text: str, raw_dir: Path, pt_columns: list[str], sha256: str | N
         raise DataError(f"{path}: sha256 does not match data.sha256", "update data.sha256 or the file")
     frame = read_local(path, pt_columns)
     return {"all": frame}, (tree_digest(path) if path.is_dir() else file_digest(path))
-
-
-MDSD_HINT = ("the MDSD reviews (Multi-Domain Sentiment Dataset: Blitzer, Dredze, Pereira, ACL 2007) are not shipped: "
-             "download the ACL 2007 set (domain_sentiment_data.tar.gz) from "
-             "https://www.cs.jhu.edu/~mdredze/datasets/sentiment/ and set {field} to its electronics folder "
-             "(docs/data.md has the files' checksums)")
-
-
-def missing_path_hint(path: Path | str, field: str) -> str:
-    """The hint of a missing local source: where relative paths start, and where a preset's data comes from."""
-    hint = f"check {field} (relative paths start at the current folder; `./` in a config file at that file)"
-    return f"{hint}; {MDSD_HINT.format(field=field)}" if "mdsd" in str(path).lower() else hint
 
 
 def existing_local(text: str, field: str) -> Path | None:

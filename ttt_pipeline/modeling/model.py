@@ -217,22 +217,21 @@ def save_model(model: ReviewClassifier, tokenizer, out_dir: Path) -> Path:
     return Path(out_dir)
 
 
-def load_model(model_dir: Path, device: str | torch.device = "cpu"):
-    """(model, tokenizer) from a folder written by save_model (a ReviewClassifier) or by
-    hf_classifier.save_imported (a SequenceClassifier); no remote code, no pickle."""
+def load_review_classifier(model_dir: Path, meta: ModelMeta, device: str | torch.device = "cpu"):
+    """(model, tokenizer) from a folder written by save_model; no remote code, no pickle. Any stored model, of
+    either kind: `modeling.loading.load_model`."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     model_dir = Path(model_dir)
-    meta = ModelMeta(**json.loads((model_dir / "meta.json").read_text()))
-    if meta.kind != "review_classifier":  # a classifier fine-tuned elsewhere (ttt-pipeline evaluate --model)
-        from ttt_pipeline.modeling.hf_classifier import load_imported
-
-        return load_imported(model_dir, meta, device)
     mlm_model = AutoModelForMaskedLM.from_pretrained(model_dir / "encoder", trust_remote_code=False)
     model = ReviewClassifier(mlm_model, meta)
     model.head.load_state_dict(load_file(str(model_dir / "head.safetensors")))
     tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", trust_remote_code=False)
     return model.to(device).eval(), tokenizer
+
+
+def read_meta(model_dir: Path) -> ModelMeta:
+    return ModelMeta(**json.loads((Path(model_dir) / "meta.json").read_text()))
 
 
 def pick_device(name: str = "auto") -> torch.device:

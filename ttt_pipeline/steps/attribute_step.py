@@ -38,7 +38,7 @@ def attribute(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corr
 
         from ttt_pipeline.data.prepare import load_prepared
         from ttt_pipeline.evaluation.attribution import explain
-        from ttt_pipeline.modeling.model import load_model
+        from ttt_pipeline.modeling.loading import load_model
         from ttt_pipeline.modeling.train import set_threads
 
         t0 = time.perf_counter()

@@ -58,7 +58,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
     predicted class and class probabilities), so any comparison can be made paired, after the fact."""
     from ttt_pipeline.data.prepare import load_prepared
     from ttt_pipeline.evaluation import grid
-    from ttt_pipeline.modeling.model import load_model
+    from ttt_pipeline.modeling.loading import load_model
 
     sets_meta = corrupt_out.meta["sets"]
     chosen = [n for n, m in sets_meta.items() if families is None or m["family"] in families]
