@@ -7,10 +7,10 @@ CONFIG ?= configs/demo.yaml
 HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup lock run test test-slow test-all test-integration test-browser test-bench bench lint audit serve serve-model stop clean help
+.PHONY: setup lock run test test-slow test-all test-integration test-browser test-bench bench lint audit servers serve-model stop clean help
 
 help:
-	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | test-bench | bench | serve | serve-model | stop | audit | clean"
+	@echo "make setup | run | lint | test | test-slow | test-integration | test-browser | test-bench | bench | servers | serve-model | stop | audit | clean"
 
 setup: $(STAMP)
 
@@ -114,12 +114,14 @@ audit: setup
 	rm -f $$log; \
 	if [ "$(AUDIT_STRICT)" = 1 ]; then exit $$rc; fi
 
-serve: setup
+# The Prefect and MLflow servers and a worker per pool, on 127.0.0.1 (scripts/serve.sh; `make stop` stops them).
+# Serving a model is `make serve-model` and `ttt-pipeline serve`.
+servers: setup
 	@bash scripts/serve.sh start
 
 # The registered champion of a task as a REST endpoint on 127.0.0.1 (mlflow models serve, a foreground process):
 # make serve-model [MODEL=ttt-<task>-<labels>] [PORT=5001]; tracking URI: TTT_TRACKING_URI, MLFLOW_TRACKING_URI
-# (`source .run/env` after make serve) or sqlite:///mlflow.db. scripts/serve_model.sh says more.
+# (`source .run/env` after make servers) or sqlite:///mlflow.db. scripts/serve_model.sh says more.
 MODEL ?= ttt-demo-reviews-negative-positive
 PORT ?= 5001
 serve-model: setup

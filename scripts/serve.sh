@@ -3,7 +3,7 @@
 #   Prefect server, one process worker on each work pool (`cpu`, `gpu`; pools created when missing) and an
 #   MLflow tracking server (sqlite backend, artifacts proxied under mlruns/).
 #
-#   bash scripts/serve.sh start     # (make serve) start everything, wait until healthy, print how to use it
+#   bash scripts/serve.sh start     # (make servers) start everything, wait until healthy, print how to use it
 #   bash scripts/serve.sh stop      # (make stop)  stop everything it started, check no port is left listening
 #   bash scripts/serve.sh status
 #

@@ -11,7 +11,7 @@
 # Settings (environment): TTT_SERVE_MODEL (registered model name, default the demo's
 # ttt-demo-reviews-negative-positive; `ttt-pipeline` names one per task: ttt-<task>-<labels>), TTT_SERVE_PORT
 # (5001), TTT_HOST (127.0.0.1), TTT_TRACKING_URI, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db of this
-# checkout (a server started by `make serve`: `source .run/env` first), TTT_BIN (the virtualenv's bin folder).
+# checkout (a server started by `make servers`: `source .run/env` first), TTT_BIN (the virtualenv's bin folder).
 # MLflow starts the scoring server as `uvicorn` from PATH, so the virtualenv's bin folder leads PATH here:
 # from a plain shell, `.venv/bin/mlflow models serve` alone fails with "exec: uvicorn: not found".
 set -euo pipefail

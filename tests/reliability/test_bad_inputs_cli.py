@@ -150,7 +150,7 @@ def test_unreachable_tracking_server_fails_fast_and_names_the_uri(tmp_path, tiny
     t0 = time.perf_counter()
     run = run_cli(tmp_path, cfg, timeout=120)
     elapsed = time.perf_counter() - t0
-    assert_plain_error(run, f"MLflow tracking at http://ci:***@127.0.0.1:{port} is unreachable", "make serve")
+    assert_plain_error(run, f"MLflow tracking at http://ci:***@127.0.0.1:{port} is unreachable", "make servers")
     assert pw not in run.stderr + run.stdout
     assert elapsed < 25, f"took {elapsed:.1f} s (MLflow's own HTTP retries would take minutes)"
     # local data is checked (and prepared) first: only its download entry is in the store, nothing trained

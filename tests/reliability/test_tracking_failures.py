@@ -101,7 +101,7 @@ def test_dead_server_fails_the_check_in_seconds_and_env_is_restored(monkeypatch)
     with pytest.raises(PipelineError) as exc:
         t.check()
     assert time.perf_counter() - t0 < 10
-    assert f"http://127.0.0.1:{port}" in exc.value.message and "make serve" in exc.value.hint
+    assert f"http://127.0.0.1:{port}" in exc.value.message and "make servers" in exc.value.hint
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the fast settings were only for the check
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
 

@@ -41,5 +41,5 @@ def open_client(uri: str):
                 r.read()
         except (urllib.error.URLError, OSError) as exc:
             raise PipelineError(f"MLflow tracking at {uri} is unreachable ({getattr(exc, 'reason', exc)})",
-                                "start the server (make serve) or pass --tracking-uri sqlite:///mlflow.db") from None
+                                "start the servers (make servers) or pass --tracking-uri sqlite:///mlflow.db") from None
     return MlflowClient(tracking_uri=uri), uri

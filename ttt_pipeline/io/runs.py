@@ -36,7 +36,7 @@ def get_pipeline_run(client, run_id: str, uri: str):
                             "check that the tracking server is up and --tracking-uri is right") from None
     except Exception as exc:  # network failures surface as requests/urllib errors
         raise PipelineError(f"MLflow tracking at {uri} is unreachable ({type(exc).__name__})",
-                            "start the server (make serve) or pass --tracking-uri") from None
+                            "start the servers (make servers) or pass --tracking-uri") from None
     parent = run.data.tags.get("mlflow.parentRunId")
     return get_pipeline_run(client, parent, uri) if parent else run
 

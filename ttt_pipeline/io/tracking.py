@@ -128,7 +128,7 @@ class Tracker:
                         time.sleep(0.5)
         raise PipelineError(
             f"MLflow tracking at {redact(self.uri)} is unreachable ({failure})",
-            "start the server (make serve) or set tracking.tracking_uri=sqlite:///mlflow.db",
+            "start the servers (make servers) or set tracking.tracking_uri=sqlite:///mlflow.db",
         )
 
     @property
