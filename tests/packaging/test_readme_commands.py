@@ -44,7 +44,7 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
     "make test-integration": ".ci/run",
     "make test-browser": ".ci/run",
     "make bench": "make -n below: its three benches; their --quick modes run in tests/bench (slow suite)",
-    "make serve": "tests/ops/test_integration_servers.py (scripts/serve.sh start, the target's script; make -n below)",
+    "make servers": "tests/ops/test_integration_servers.py (scripts/serve.sh start, the target's script; make -n below)",
     "make serve-model": "tests/serving/test_serving_integration.py (scripts/serve_model.sh, the target's script)",
     "python3 -m pip wheel --no-deps -w dist .":
         "tests/packaging/test_wheel.py (pip wheel --no-deps of this checkout)",
@@ -52,11 +52,6 @@ COVERED = {  # command -> where it runs as written (minutes of work, or a machin
         "tests/serving/test_fresh_env_serving.py (torch's CPU build from this index into a fresh venv)",
     "pip install dist/ttt_pipeline-0.1.0-py3-none-any.whl":
         "tests/packaging/test_wheel.py (the wheel in a fresh venv: `ttt-pipeline` and the demo preset from any folder)",
-    ".venv/bin/ttt-pipeline evaluate --model path/to/hf-classifier --config mdsd-electronics":
-        "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
-    ".venv/bin/ttt-pipeline evaluate --model models:/my-classifier@prod "
-    "--set 'model.label_map={LABEL_0: negative, LABEL_1: positive}'":
-        "tests/flows/test_evaluate_model.py (a local Hugging Face folder and an MLflow model URI)",
     ".venv/bin/python -m bench.real_noise --preset rt-polarity --json":
         "tests/bench/test_real_noise_bench.py (its --quick mode, slow suite; the full run takes about two CPU hours)",
 }
@@ -155,6 +150,7 @@ def checkout(tmp_path_factory, tiny_bert_dir):
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
         ids.append(summary["mlflow_run_id"])
     assert summary["registry"]["model_name"] == NAME
+    assert summary["next_commands"][1].endswith(f"ttt-pipeline serve --model {NAME}"), summary["next_commands"]
     (home / "reviews.csv").write_text('text\nBattery died after two days.\n"Great sound, works well."\n')
     return home, ids
 
@@ -171,8 +167,8 @@ def test_every_readme_command_is_checked():
     # the wheel the README installs is the one this checkout builds
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert f"pip install dist/ttt_pipeline-{version}-py3-none-any.whl" in readme_commands()
-    # `make bench`, `make serve` and `make serve-model` expand to commands that exist in a plain checkout
-    dry = subprocess.run(["make", "-n", "bench", "serve", "serve-model"], cwd=REPO, capture_output=True, text=True,
+    # `make bench`, `make servers` and `make serve-model` expand to commands that exist in a plain checkout
+    dry = subprocess.run(["make", "-n", "bench", "servers", "serve-model"], cwd=REPO, capture_output=True, text=True,
                          env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
     assert dry.returncode == 0, dry.stderr
     for module in ("bench.corruption_speed", "bench.ttt_engine", "bench.accuracy"):  # run as modules of bench/
@@ -182,6 +178,21 @@ def test_every_readme_command_is_checked():
     bench_tests = subprocess.run(["make", "-n", "test-bench"], cwd=REPO, capture_output=True, text=True,
                                  env={**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")})
     assert bench_tests.returncode == 0 and "pytest -q -m bench" in bench_tests.stdout, bench_tests.stderr
+
+
+def test_serve_means_serving_a_model():
+    """`make servers` starts the Prefect and MLflow servers; "serve" is only ever serving a model (`make
+    serve-model`, `ttt-pipeline serve`): no `make serve` target, and neither the README nor the Makefile's help
+    nor the operations guide names one."""
+    env = {**plain_env(REPO), "HOME": os.environ.get("HOME", "/root")}
+    gone = subprocess.run(["make", "-n", "serve"], cwd=REPO, capture_output=True, text=True, env=env)
+    assert gone.returncode != 0 and "No rule to make target 'serve'" in gone.stderr, gone.stdout + gone.stderr
+    dry = subprocess.run(["make", "-n", "servers"], cwd=REPO, capture_output=True, text=True, env=env)
+    assert dry.returncode == 0 and "scripts/serve.sh start" in dry.stdout, dry.stderr
+    shown = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True, env=env).stdout
+    assert "| servers |" in shown and "| serve |" not in shown
+    for doc in (README, REPO / "docs" / "operations.md", REPO / "docs" / "security.md", REPO / "Makefile"):
+        assert not re.search(r"make serve\b(?!-)", doc.read_text()), doc
 
 
 def test_inline_commands_are_collected():
@@ -196,7 +207,7 @@ def test_cli_commands_as_written(checkout):
     home, (run_a, run_b) = checkout
     fill = {"RUN_ID": run_a, "RUN_A": run_a, "RUN_B": run_b}
     cmds = [c for c in readme_commands() if runs_here(c) and c.startswith(".venv/bin/ttt-pipeline ")
-            and not c.startswith(".venv/bin/ttt-pipeline run ")]
+            and not c.startswith((".venv/bin/ttt-pipeline run ", ".venv/bin/ttt-pipeline evaluate "))]
     assert len(cmds) == 4, cmds  # report, compare, reevaluate, predict
     for cmd in cmds:
         filled = re.sub(r"\b(RUN_ID|RUN_A|RUN_B)\b", lambda m: fill[m.group(1)], cmd)
@@ -228,6 +239,68 @@ def test_own_reviews_run_as_written(checkout, tiny_bert_dir):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["registry"]["model_name"].endswith("-negative-positive"), summary["registry"]
+
+
+USER_MODEL = """\
+import mlflow
+from transformers import pipeline
+mlflow.set_tracking_uri("sqlite:///mlflow.db")
+with mlflow.start_run():
+    info = mlflow.transformers.log_model(pipeline("text-classification", model="{folder}"), name="model",
+                                         registered_model_name="{name}", pip_requirements=["transformers", "torch"])
+mlflow.MlflowClient().set_registered_model_alias("{name}", "{alias}", info.registered_model_version)
+"""
+
+
+def register_user_model(home: Path, folder: Path, uri: str) -> None:
+    """`models:/NAME@ALIAS` as a user of the HF Trainer makes it: a text-classification pipeline logged with
+    MLflow's transformers flavour into the folder's own sqlite:///mlflow.db, and the alias set on its version."""
+    name, alias = re.fullmatch(r"models:/([^@/]+)@(\w+)", uri).groups()
+    script = USER_MODEL.format(folder=folder, name=name, alias=alias)
+    proc = sh(f".venv/bin/python - <<'EOF'\n{script}\nEOF", home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_own_model_runs_as_written_in_an_empty_folder(tmp_path):
+    """The README's two `evaluate` lines in a folder that holds nothing but the virtualenv: the first on a binary
+    classifier saved with save_pretrained at the line's path (id2label negative / positive), the second on one
+    whose labels are LABEL_0 / LABEL_1, registered in MLflow under the line's name and alias. Each runs to a
+    summary that names the registered model and the commands to use next, and those commands work."""
+    from hf_models import save_classifier
+
+    home = tmp_path / "newcomer"
+    home.mkdir()
+    (home / ".venv").symlink_to(VENV)
+    folder_cmd, uri_cmd = [c for c in readme_commands() if c.startswith(".venv/bin/ttt-pipeline evaluate ")]
+    assert "--set" not in folder_cmd  # a polarity classifier needs no settings
+    save_classifier(home / re.search(r"--model (\S+)", folder_cmd).group(1))
+    summaries = []
+    for cmd in (folder_cmd, uri_cmd):
+        if cmd is uri_cmd:
+            register_user_model(home, save_classifier(tmp_path / "generic", labels=None),
+                                re.search(r"--model (\S+)", cmd).group(1))
+        proc = sh(f"{cmd} --json", home, timeout=900)
+        assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        name = summary["registry"]["model_name"]
+        assert name.startswith("ttt-demo-reviews-negative-positive-") and 0.0 <= summary["acc_clean"] <= 1.0
+        assert f"registered model: {name} v1, now the champion" in proc.stdout
+        predict, serve, reevaluate = summary["next_commands"]
+        assert f"predict --model models:/{name}@champion " in predict and serve.endswith(f" serve --model {name}")
+        assert all(f"  {c}\n" in proc.stdout for c in summary["next_commands"])  # the terminal lists them too
+        summaries.append(summary)
+    assert " reevaluate --model path/to/hf-classifier --config demo" in summaries[0]["next_commands"][2]
+    (home / "reviews.csv").write_text('text\nBattery died after two days.\n"Great sound, works well."\n')
+    predict, _, reevaluate = summaries[0]["next_commands"]
+    assert sh(predict, home).returncode == 0
+    rows = [json.loads(line) for line in (home / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["label"] in ("negative", "positive") for r in rows)
+    night = sh(f"{reevaluate} --json", home, timeout=900)
+    assert night.returncode == 0, night.stderr[-3000:]
+    outcome = json.loads(night.stdout.strip().splitlines()[-1])
+    assert outcome["verdict"] == "ok" and outcome["model_name"] == summaries[0]["registry"]["model_name"]
 
 
 @pytest.mark.integration

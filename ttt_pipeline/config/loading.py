@@ -126,6 +126,22 @@ def _local_model(name: str) -> str:
     return name
 
 
+def preset_summary(name: str) -> dict[str, Any]:
+    """What a preset scores a model on, read through `load_config` (its `./` paths resolved): the task (the
+    registered model's name stem, ttt-<task>-<labels>; None when the labels come from the data), the labels, the
+    data source and whether it ships in the package, where the test reviews come from, the shift sets."""
+    cfg = load_config(name)
+    d = cfg.data
+    labels = [str(n) for n in d.label_names] if d.label_names else None
+    task = cfg.task_key() if labels else None
+    packaged = "://" not in d.path and Path(d.path).resolve().is_relative_to(PRESETS_DIR.resolve())
+    shown = str(Path(d.path).resolve().relative_to(PRESETS_DIR.resolve().parents[1])) if packaged else d.path
+    return {"name": name, "task": task, "labels": labels, "data": shown, "packaged": packaged,
+            "scheme": d.path.split("://")[0] if "://" in d.path else None,
+            "test_path": d.test_path, "test_fraction": d.test_fraction, "split_seed": d.split_seed,
+            "group_column": d.group_column, "shift": sorted(d.shift)}
+
+
 DEFAULT_PRESET = "demo"
 
 
