@@ -150,14 +150,19 @@ def format_compare(c: dict) -> str:
             lines.append(f"  {d['set'] + ' / ' + d['method']:<{width - 2}}  {'  '.join(difference_line(d))}")
     elif c.get("paired") is None and "paired" in c and not other:
         lines += ["", "no paired comparison: " + c.get("unpaired_reason", "a run has no stored per-review predictions")]
-    champs = [n for n, s in (("A", a), ("B", b)) if s["registry"].get("is_champion")]
-    if champs:
-        holder = a if champs[0] == "A" else b
-        lines += ["", f"registry: {' and '.join(champs)} holds the `champion` alias of "
-                      + str(holder["registry"].get("model_name"))]
-    elif a["registry"] or b["registry"]:
-        lines += ["", "registry: neither run holds the `champion` alias"]
+    if a["registry"] or b["registry"]:
+        lines += [""] + [registry_line(n, s["registry"]) for n, s in (("A", a), ("B", b))]
     return "\n".join(lines)
+
+
+def registry_line(which: str, reg: dict) -> str:
+    """What one run registered, under its own registered model's name, and whether it holds that model's alias."""
+    name, version = reg.get("model_name"), reg.get("version")
+    if not name or not version:
+        return f"registry: {which} registered no model version"
+    if reg.get("is_champion"):
+        return f"registry: {which} holds the `champion` alias of {name} (v{version})"
+    return f"registry: {which} is {name} v{version}, not its `champion`"
 
 
 def report(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:
