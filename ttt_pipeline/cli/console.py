@@ -117,7 +117,7 @@ def summary_table(summary: dict, cfg=None) -> str:
         notes.append(f"masked methods pooled over {seeds} mask seed{'s' if seeds != 1 else ''}")
     if notes:
         lines.append("(" + "; ".join(notes) + ")")
-    lines += signal_lines(summary)
+    lines += signal_lines(summary) + forecast_lines(summary)
     if summary.get("worst_case"):
         from ttt_pipeline.evaluation.robustness import flat_metrics
         from ttt_pipeline.reports.run import worst_case_table
@@ -142,6 +142,17 @@ def signal_lines(summary: dict) -> list[str]:
             text += f"; it changed {100 * share:.1f}% of the corrupted-set predictions"
         lines.append(text)
     return lines
+
+
+def forecast_lines(summary: dict) -> list[str]:
+    """The label-free drop forecast's calibration (steps.calibrate) in one line: its held-out error and coverage,
+    or why the run has none."""
+    if (fc := summary.get("forecast_calibration")) is not None:
+        coverage = "-" if fc["coverage"] is None else f"{100 * fc['coverage']:.0f}%"
+        return [f"label-free drop forecast: {fc['model']} model on {fc['n_sets']} corrupted sets, held-out error "
+                f"{100 * fc['loo_mae']:.1f} points, its interval covers {coverage} of them"]
+    note = summary.get("forecast_calibration_note")
+    return [f"label-free drop forecast: not calibrated ({note})"] if note else []
 
 
 def _external_rows(summary: dict, methods: list[str], default: str | None) -> list[tuple[str, str, str, str]]:

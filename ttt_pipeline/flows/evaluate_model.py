@@ -1,7 +1,8 @@
 """The `evaluate-model` flow: a classifier fine-tuned elsewhere, scored like the pipeline's own.
 
-download -> import-model (in the place of tokenise and fine-tune) and corrupt -> evaluate, then the same summary,
-MLflow run and registry decision as `ttt-pipeline run` (`pipeline.finish`). The model is `model.classifier`.
+download -> import-model (in the place of tokenise and fine-tune) and corrupt -> evaluate -> calibrate (the
+label-free drop forecast, for the user's classifier too), then the same summary, MLflow run and registry decision
+as `ttt-pipeline run` (`pipeline.finish`). The model is `model.classifier`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
 from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.flows.forms import name_presets
-from ttt_pipeline.flows.pipeline import _run, finish, open_run
+from ttt_pipeline.flows.pipeline import _run, calibrate, finish, open_run
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.storage import StepOutput
 from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, import_model_task, log_stage_task
@@ -56,10 +57,12 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
         log_stage_task(scored, "corrupt", [corrupted], parent, cached["corrupt"])
         evaluation, cached["evaluate"] = _run(evaluate_task, scored, data, model, corrupted)
         logged = log_stage_task(scored, "evaluate", [evaluation], parent, cached["evaluate"])
+        forecast = calibrate(scored, data, model, corrupted, [evaluation], parent)
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
     if notes:
         tracker.tags(parent, {"evaluate.notes": "; ".join(notes)})
     return finish(scored, tracker, parent, logged, cached, model, data, t0,
-                  {"model": cfg.model.classifier, "notes": notes, "model_labels": model["meta"]["model_labels"]})
+                  {"model": cfg.model.classifier, "notes": notes, "model_labels": model["meta"]["model_labels"],
+                   **forecast})

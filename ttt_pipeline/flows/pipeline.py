@@ -17,12 +17,15 @@ from ttt_pipeline.flows.gpu_pool import run_task
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.reports.run import headline_markdown
+from ttt_pipeline.storage import StepOutput
 from ttt_pipeline.tasks import (
     attribute_task,
+    calibrate_task,
     corrupt_task,
     download_task,
     evaluate_task,
     finetune_task,
+    log_calibration_task,
     log_stage_task,
     tokenise_task,
 )
@@ -32,6 +35,7 @@ STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "toke
               "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
               "evaluate": "score clean and corrupted test reviews under every method",
               "attribute": "find the training reviews behind flipped predictions",
+              "calibrate": "fit the label-free drop forecast on the corrupted sets",
               "import-model": "load the classifier, match its labels to the data's, find an MLM head"}
 
 
@@ -90,13 +94,27 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
             evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
             evaluations = [evaluation]
         logged = log_stage_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
+        forecast = calibrate(cfg, data, model, corrupted, evaluations, parent)
         if cfg.attribution.enabled:  # optional: a disabled run has no attribute task, child run or cache count
             attributed, cached["attribute"] = _run(attribute_task, cfg, data, model, corrupted, evaluations)
             log_stage_task(cfg, "attribute", [attributed], parent, cached["attribute"])
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
-    return finish(cfg, tracker, parent, logged, cached, model, data, t0)
+    return finish(cfg, tracker, parent, logged, cached, model, data, t0, forecast)
+
+
+def calibrate(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict, evaluations: list[dict],
+              parent: str) -> dict:
+    """The label-free drop forecast calibrated on the evaluated sets and logged on the parent run: the summary's
+    `forecast_calibration` and `forecast_calibration_note`. Not one of the summary's `cached` tasks (the run's
+    five, or six with attribute); its log line says whether the store served it, or why it was skipped."""
+    reason = steps.calibration_skip_reason(cfg, StepOutput(**corrupted))
+    if reason is not None:
+        get_run_logger().info("calibrate: skipped: %s", reason)
+        return {"forecast_calibration": None, "forecast_calibration_note": reason}
+    calibration, _ = _run(calibrate_task, cfg, data, model, corrupted, evaluations)
+    return log_calibration_task(cfg, calibration, parent)
 
 
 def open_run(cfg: PipelineConfig, flow_name: str, model: str) -> tuple[Tracker, str]:

@@ -9,7 +9,7 @@ from ttt_pipeline.storage import StepOutput, StepStore
 from ttt_pipeline.version import __version__
 
 VERSIONS = {"download": "1", "tokenise": "1", "finetune": "3", "corrupt": "2", "corrupt-set": "1", "evaluate": "5",
-            "import-model": "1", "attribute": "1", "new-reviews": "1"}
+            "import-model": "1", "attribute": "1", "new-reviews": "1", "calibrate": "1"}
 # finetune 3: AdamW fused on a CPU too (the same update up to float rounding); evaluate 5: a plain forward pass
 # (`none`, the repairs) autocasts by ttt.precision, as the engines do
 # Settings that do not change a CPU run's results. `precision` is not one: it is keyed by what `auto` resolves
@@ -107,6 +107,21 @@ def attribute_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutpu
             "evaluate": sorted(o.digest for o in eval_outs), "max_length": cfg.model.max_length,
             "attribution": cfg.attribution.model_dump(mode="json", exclude={"enabled"}),
             "device": runtime(cfg).device.type}  # the GPU projector draws other random matrices
+
+
+def calibrate_inputs(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corrupt_out: StepOutput,
+                     eval_outs: list[StepOutput]) -> dict:
+    """The evaluated predictions by digest, and what describes the sets anew: the default defense and its repairs'
+    own settings (`ttt.<repair>`), which the descriptors' repaired_words_share reads."""
+    from ttt_pipeline.defenses.registry import own_settings, parse
+
+    defense = cfg.evaluation.default_defense
+    repairs = {}
+    for r in parse(defense).repairs if defense else ():
+        own = own_settings(r, cfg.ttt)
+        repairs[r] = None if own is None else own.model_dump(mode="json")
+    return {"data": data.digest, "model": model_out.digest, "corrupt": corrupt_out.digest,
+            "evaluate": sorted(o.digest for o in eval_outs), "defense": defense, "repairs": repairs}
 
 
 def new_reviews_inputs(cfg: PipelineConfig, data: StepOutput, model: StepOutput, defense: str) -> dict:

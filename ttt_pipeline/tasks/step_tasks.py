@@ -7,7 +7,7 @@ damaged store entry gives no key, so the task runs (and rebuilds) instead of ser
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from ttt_pipeline import steps
@@ -85,6 +85,42 @@ def evaluate_task(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict,
         return steps.evaluate(cfg, _out(data), _out(model), _out(corrupted), _store(cfg), families, rep).to_dict()
     finally:
         rep.close()
+
+
+def _calibrate_inputs(p: dict) -> dict:
+    return steps.calibrate_inputs(p["cfg"], _out(p["data"]), _out(p["model"]), _out(p["corrupted"]),
+                                  [_out(e) for e in p["evaluations"]])
+
+
+@task(name="calibrate", cache_key_fn=step_cache("calibrate", _calibrate_inputs), **COMMON)
+def calibrate_task(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict, evaluations: list[dict]) -> dict:
+    """The label-free drop forecast calibrated on the run's corrupted sets (`steps.calibrate`): its StepOutput, or
+    {"skipped": why} when the run cannot calibrate it (a default defense without a text repair, one family)."""
+    from ttt_pipeline.io.remote_store import localise
+
+    reason = steps.calibration_skip_reason(cfg, _out(corrupted))
+    if reason is not None:
+        get_run_logger().info("calibrate: skipped: %s", reason)
+        return {"skipped": reason}
+    store = _store(cfg)
+    data, model, corrupted = (localise(store, d) for d in (data, model, corrupted))  # no-op on a local store
+    evaluations = [localise(store, e) for e in evaluations]
+    return steps.calibrate(cfg, _out(data), _out(model), _out(corrupted), [_out(e) for e in evaluations],
+                           store).to_dict()
+
+
+@task(name="log-calibration", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
+def log_calibration_task(cfg: PipelineConfig, calibration: dict, parent_run_id: str) -> dict:
+    """The calibration on the parent MLflow run (io.calibration_store), logged from the stored output (a cached
+    calibration too): the run summary's `forecast_calibration` ({model, loo_mae, coverage, n_sets}; None when
+    skipped) and `forecast_calibration_note` (why it was skipped; None when it was not)."""
+    from ttt_pipeline.io.calibration_store import log_calibration
+
+    if "skipped" in calibration:
+        return {"forecast_calibration": None, "forecast_calibration_note": calibration["skipped"]}
+    payload = steps.read_calibration(_out(calibration))
+    log_calibration(Tracker.from_config(cfg.tracking), parent_run_id, payload)
+    return {"forecast_calibration": steps.calibration_summary(payload), "forecast_calibration_note": None}
 
 
 @task(name="new-reviews", cache_key_fn=step_cache("new-reviews", lambda p: steps.new_reviews_inputs(
