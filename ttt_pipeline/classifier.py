@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # TTTConfig fields that are not per-request inference settings
 _NOT_INFERENCE = {"methods", "mask_seeds", "score_clean", "signal_every"}
 _TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
+PREFIX_CHARS_PER_TOKEN = 16  # Classifier.truncated: characters of a long text's head per token the model reads
 # The pyfunc loader a logged model names (ttt_pipeline.io.mlflow_model); models logged before the package
 # layout named ttt_pipeline.mlflow_model, which stays importable for them.
 LOADER_MODULE = "ttt_pipeline.io.mlflow_model"
@@ -88,6 +89,12 @@ def settings_error(exc) -> str:
         name = "method" if loc[:1] == ["methods"] else "ttt." + ".".join(loc)
         parts.append(f"{name}: {e['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
+
+
+def _head(text: str, chars: int) -> str:
+    """The text's first `chars` characters less the word the cut fell in; the whole text when they hold no space."""
+    cut = text[:chars].rsplit(None, 1)
+    return cut[0] if len(cut) == 2 else text
 
 
 def check_texts(texts: Iterable[Any]) -> list[str]:
@@ -208,6 +215,61 @@ class Classifier:
             repairs = self._repairs(name, ttt)
             return predict_texts(self.model, self.tokenizer, texts, name, ttt, self.max_length, ttt.batch_size,
                                  self.device, progress, repairs, self.runtime(ttt.precision).score.dtype)
+
+    def predict_traced(self, texts: Iterable[str], method: str | None = None,
+                       progress: Callable[[int, int], None] | None = None,
+                       **overrides) -> tuple[np.ndarray, str, list[str] | None]:
+        """(class probabilities, the method's name, the texts its engine saw: after its repairs, None when it has
+        none). The same probabilities as `predict_proba`: the repairs are applied here instead of inside
+        `predict_texts`, so the caller learns which texts they changed without repairing twice (traffic capture)."""
+        from ttt_pipeline.defenses import registry
+        from ttt_pipeline.evaluation.scoring import predict_texts
+
+        texts = check_texts(texts)
+        name, ttt = self.settings(method, **overrides)
+        has_repairs = bool(registry.parse(name).repairs)
+        if not texts:
+            return np.zeros((0, len(self.label_names)), dtype=np.float32), name, [] if has_repairs else None
+        with self._lock:
+            seen = texts
+            for fix in self._repairs(name, ttt):
+                seen = fix(seen)
+            logits = predict_texts(self.model, self.tokenizer, seen, name, ttt, self.max_length, ttt.batch_size,
+                                   self.device, progress, [], self.runtime(ttt.precision).score.dtype)
+        return softmax(logits), name, (list(seen) if has_repairs else None)
+
+    def repair_texts(self, texts: Iterable[str], method: str | None = None, **overrides) -> list[str] | None:
+        """The texts after `method`'s repairs (default: the configured method's); None when it has none."""
+        from ttt_pipeline.defenses import registry
+
+        texts = check_texts(texts)
+        name, ttt = self.settings(method, **overrides)
+        if not registry.parse(name).repairs:
+            return None
+        with self._lock:  # the repairs' cache is shared with predictions
+            for fix in self._repairs(name, ttt):
+                texts = fix(texts)
+        return list(texts)
+
+    def truncated(self, texts: Iterable[str]) -> list[bool]:
+        """Whether each text is longer than the model reads (`max_length` tokens, special tokens included). A long
+        text is first tokenised as its head only, cut at a space after PREFIX_CHARS_PER_TOKEN characters a token:
+        the words of the head are words of the text, so a head of more tokens proves the text truncated, and a
+        1 MB review costs a few KB of tokenising; only a head of fewer tokens sends the whole text through."""
+        texts = check_texts(texts)
+        chars = PREFIX_CHARS_PER_TOKEN * self.max_length
+        heads = [t if len(t) <= chars else _head(t, chars) for t in texts]
+        longer = self._longer(heads)
+        again = [i for i, (t, h, long) in enumerate(zip(texts, heads, longer)) if not long and h is not t]
+        for i, long in zip(again, self._longer([texts[i] for i in again])):
+            longer[i] = long
+        return longer
+
+    def _longer(self, texts: list[str]) -> list[bool]:
+        if not texts:
+            return []
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length + 1)["input_ids"]
+        return [len(row) > self.max_length for row in ids]
 
     def predict_proba(self, texts: Iterable[str], method: str | None = None, **overrides) -> np.ndarray:
         """Class probabilities (n x classes, columns in `label_names` order)."""

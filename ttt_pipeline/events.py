@@ -1,4 +1,5 @@
-"""The project's Prefect events, in one home: the `champion` alias moving and the nightly check's outcome.
+"""The project's Prefect events, in one home: the `champion` alias moving, the nightly check's outcome and the
+traffic monitor's verdict (`ttt.traffic.ok`, `ttt.traffic.noisy`, `ttt.traffic.no-traffic`: `emit_traffic`).
 
 `ttt.champion.promoted` is emitted wherever the alias moves (the pipeline's registry task, `ttt-pipeline promote`)
 and followed by `ttt-pipeline serve`; `ttt.nightly.ok`, `ttt.nightly.regression` and `ttt.nightly.no-champion` tell
@@ -23,6 +24,7 @@ from typing import Any
 
 EVENT = "ttt.champion.promoted"
 NIGHTLY = {"ok": "ttt.nightly.ok", "regression": "ttt.nightly.regression", "no_champion": "ttt.nightly.no-champion"}
+TRAFFIC = {"ok": "ttt.traffic.ok", "noisy": "ttt.traffic.noisy", "no_traffic": "ttt.traffic.no-traffic"}
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +54,18 @@ def emit_outcome(verdict: str, model_name: str | None, payload: dict) -> dict:
     from prefect.events import emit_event
 
     name = NIGHTLY[verdict]
+    resource = {"prefect.resource.id": resource_id(model_name or "none"), "prefect.resource.name": model_name or "none"}
+    event = emit_event(event=name, resource=resource, payload=payload)
+    return {"name": name, "id": str(event.id) if event is not None else None}
+
+
+def emit_traffic(verdict: str, model_name: str | None, payload: dict) -> dict:
+    """Emits a traffic window's verdict (`ttt.traffic.ok`, `.noisy`, `.no-traffic`; resource: the registered
+    model, as the nightly's events) with the window's figures as payload; returns its name and id (id None when no
+    events client is configured: PREFECT_API_URL unset)."""
+    from prefect.events import emit_event
+
+    name = TRAFFIC[verdict]
     resource = {"prefect.resource.id": resource_id(model_name or "none"), "prefect.resource.name": model_name or "none"}
     event = emit_event(event=name, resource=resource, payload=payload)
     return {"name": name, "id": str(event.id) if event is not None else None}

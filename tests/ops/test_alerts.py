@@ -29,7 +29,7 @@ def test_every_automation_validates_and_notifies_the_named_block(shipped):
     from prefect.server.events.schemas.automations import AutomationCore as ServerAutomationCore
 
     assert set(shipped) == {"ttt-nightly-regression", "ttt-nightly-no-champion", "ttt-nightly-crashed",
-                            "ttt-nightly-missed"} == set(alerts.names())
+                            "ttt-nightly-missed", "ttt-traffic-noisy"} == set(alerts.names())
     for name, automation in shipped.items():
         assert isinstance(automation, AutomationCore) and automation.enabled
         ServerAutomationCore.model_validate(automation.model_dump(mode="json"))  # as the server stores it

@@ -143,7 +143,8 @@ def _deployments() -> dict:
 def test_prefect_yaml():
     doc = load("prefect.yaml")
     deps = _deployments()
-    assert set(deps) == {"ttt-pipeline", "evaluate-model", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation"}
+    assert set(deps) == {"ttt-pipeline", "evaluate-model", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation",
+                         "traffic-monitor"}
     for name in ("ttt-pipeline", "evaluate-model"):
         assert deps[name]["work_pool"]["name"] == "cpu" and not deps[name]["schedules"], name
     assert deps["fine-tune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"

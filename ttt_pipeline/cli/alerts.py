@@ -1,8 +1,9 @@
-"""`ttt-pipeline alerts apply --block TYPE/NAME`: the nightly re-evaluation's alerts as Prefect automations.
+"""`ttt-pipeline alerts apply --block TYPE/NAME`: the nightly re-evaluation's and the traffic monitor's alerts as
+Prefect automations.
 
-The automations ship inside the package (ttt_pipeline/flows/nightly_automations.yaml, the format of `prefect
-automation create --from-file`): a regression, no champion, a crashed or failed nightly run, and no verdict at all in
-26 hours. Prefect's own automations and notification blocks do the sending (Slack, Microsoft Teams, a custom
+The automations ship inside the package (ttt_pipeline/flows/nightly_automations.yaml and traffic_automations.yaml,
+the format of `prefect automation create --from-file`): a regression, no champion, a crashed or failed nightly run,
+no verdict at all in 26 hours, and a noisy window of production traffic (`ttt.traffic.noisy`). Prefect's own automations and notification blocks do the sending (Slack, Microsoft Teams, a custom
 webhook, ...: any notification block the user has saved); this command only fills in the block the user names, which
 a file cannot hold (a block's id differs per server), and creates them on the server of PREFECT_API_URL, replacing
 automations of the same names, so it can be re-run. `alerts remove` deletes them.
@@ -18,6 +19,7 @@ from uuid import UUID
 from ttt_pipeline.errors import ConfigError
 
 FILE = "nightly_automations.yaml"
+FILES = (FILE, "traffic_automations.yaml")  # every file `apply` creates the automations of, in this order
 PLACEHOLDER = "NOTIFICATION_BLOCK"
 MISSED = "ttt-nightly-missed"  # the proactive automation: no verdict within its window
 MISSED_HOURS = 26
@@ -26,8 +28,15 @@ BLOCK_HINT = ("save a notification block first (Prefect UI: Blocks -> + -> Slack
               "--block slack-webhook/ttt-alerts; `prefect block ls` lists the saved ones")
 
 
-def automations_text() -> str:
-    return importlib.resources.files("ttt_pipeline.flows").joinpath(FILE).read_text(encoding="utf-8")
+def automations_text(file: str = FILE) -> str:
+    return importlib.resources.files("ttt_pipeline.flows").joinpath(file).read_text(encoding="utf-8")
+
+
+def _shipped() -> list[dict]:
+    """Every shipped automation, as written (the placeholder block), in FILES' order."""
+    import yaml
+
+    return [item for file in FILES for item in yaml.safe_load(automations_text(file))["automations"]]
 
 
 def _missed_window(item: dict, hours: float) -> None:
@@ -44,10 +53,9 @@ def _missed_window(item: dict, hours: float) -> None:
 def automations(block_document_id: UUID | str, missed_after_hours: float = MISSED_HOURS) -> list[Any]:
     """The shipped automations with the notification block filled in (and the missed-night window, 26 h as
     shipped), validated by Prefect's own model."""
-    import yaml
     from prefect.events.schemas.automations import AutomationCore
 
-    data = yaml.safe_load(automations_text())["automations"]
+    data = _shipped()
     for item in data:
         for action in item["actions"]:
             if action.get("block_document_id") == PLACEHOLDER:
@@ -58,9 +66,7 @@ def automations(block_document_id: UUID | str, missed_after_hours: float = MISSE
 
 
 def names() -> list[str]:
-    import yaml
-
-    return [item["name"] for item in yaml.safe_load(automations_text())["automations"]]
+    return [item["name"] for item in _shipped()]
 
 
 def notification_block_id(ref: str) -> UUID:
@@ -124,8 +130,9 @@ def cmd_remove(args) -> int:
 
 
 def add_command(subparsers) -> None:
-    a = subparsers.add_parser("alerts", help="the nightly re-evaluation's alerts as Prefect automations "
-                              "(regression, no champion, a crashed run, no verdict in 26 h)")
+    a = subparsers.add_parser("alerts", help="the nightly re-evaluation's and the traffic monitor's alerts as "
+                              "Prefect automations (regression, no champion, a crashed run, no verdict in 26 h, "
+                              "noisy traffic)")
     sub = a.add_subparsers(dest="alerts_command", required=True)
     ap = sub.add_parser("apply", help="create the automations on the Prefect server (PREFECT_API_URL), notifying "
                         "the named block; re-running replaces them")

@@ -321,11 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     corrupt.add_arguments(k)
     k.set_defaults(fn=cmd_corrupt)
-    from ttt_pipeline.cli import alerts, predict, serve
+    from ttt_pipeline.cli import alerts, monitor, predict, serve
 
     predict.add_command(sub)
     serve.add_commands(sub)
     alerts.add_command(sub)
+    monitor.add_command(sub, _config_help)
     _add_run_inspection(sub)
     return p
 

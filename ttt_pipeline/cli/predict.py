@@ -24,7 +24,8 @@ def cmd_predict(args) -> int:
         os.environ.setdefault(k, v)
     summary = predict.classify_file(args.model, args.input, args.output, text_column=args.text_column,
                                     method=args.method, settings=args.set, skip_bad_rows=args.skip_bad_rows,
-                                    tracking_uri=args.tracking_uri, device=args.device, quiet=args.quiet)
+                                    tracking_uri=args.tracking_uri, device=args.device, quiet=args.quiet,
+                                    capture=args.capture, capture_text=not args.capture_no_text)
     if args.json:
         sys.stdout.flush()
         print(json.dumps(summary))
@@ -63,6 +64,12 @@ def add_command(subparsers) -> None:
                    "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--capture", default=None, metavar="URI",
+                   help="also record every review, its prediction and its label-free descriptors into this traffic "
+                   "store (a folder or fsspec URL, e.g. the config's monitoring.traffic_uri), for `ttt-pipeline "
+                   "monitor`")
+    p.add_argument("--capture-no-text", action="store_true",
+                   help="with --capture: keep no review text in the store (descriptors and predictions only)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on the last stdout line")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_predict)

@@ -7,7 +7,9 @@ move the alias by hand.
 `serve` runs `mlflow models serve` for the champion behind a small front in this process
 (`ttt_pipeline.io.serving`) and switches to a new champion without a failed request. It learns of a new champion
 from the Prefect event `ttt.champion.promoted` (`ttt_pipeline.events`) when a Prefect server answers at
-PREFECT_API_URL; otherwise it polls the registry alias every --poll-s seconds.
+PREFECT_API_URL; otherwise it polls the registry alias every --poll-s seconds. With `--set monitoring.capture=true`
+each back end records what it is asked into monitoring.traffic_uri (`ttt_pipeline.io.traffic_recorder`), naming the
+model's name and version; `ttt-pipeline monitor` judges it.
 """
 
 from __future__ import annotations
@@ -64,16 +66,22 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
     logging.getLogger("ttt_pipeline").setLevel(logging.INFO)
+    monitoring = _monitoring(args)
     client, uri = client_for(args.tracking_uri)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="ttt-serve-"))
-    server = ChampionServer(client, args.model, uri, log_dir, ready_timeout_s=args.ready_timeout_s)
+    server = ChampionServer(client, args.model, uri, log_dir, ready_timeout_s=args.ready_timeout_s,
+                            monitoring=monitoring)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop`, a supervisor: stop the model servers too
     try:
         front = server.start(args.host, args.port)
         mode = _follow_mode(args.follow)
+        captured = (f"traffic captured into {monitoring.traffic_uri}" + ("" if monitoring.store_text else
+                                                                         " without texts")
+                    if monitoring.capture else "no traffic captured")
         print(f"serve: {args.model} v{front.backend.version} from {uri} on http://{args.host}:{args.port} "
-              f"(POST /invocations, GET /ping; follows the champion: {mode}; back-end logs in {log_dir})", flush=True)
+              f"(POST /invocations, GET /ping; follows the champion: {mode}; {captured}; back-end logs in {log_dir})",
+              flush=True)
         _start_following(server, mode, args.poll_s, stop)
         stop.wait()
     except KeyboardInterrupt:
@@ -82,6 +90,16 @@ def cmd_serve(args) -> int:
         stop.set()
         server.close()
     return 0
+
+
+def _monitoring(args):
+    """The configuration's monitoring section (`--config`, `--set monitoring.capture=true`), its store's local
+    folder made absolute: what the back ends capture under."""
+    from ttt_pipeline.config import load_config
+    from ttt_pipeline.monitoring import traffic_location
+
+    monitoring = load_config(args.config, args.set).monitoring
+    return monitoring.model_copy(update={"traffic_uri": traffic_location(monitoring.traffic_uri)})
 
 
 def cmd_promote(args) -> int:
@@ -112,6 +130,10 @@ def add_commands(subparsers) -> None:
                    help="how long a new version's server may take to answer before it is given up (the old one "
                    "keeps serving)")
     s.add_argument("--log-dir", default=None, help="folder for the model servers' logs (default: a temporary one)")
+    s.add_argument("--config", default=None, help="YAML file or preset name whose monitoring section says whether "
+                   "and where the served model records its traffic (default: no preset, capture off)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. monitoring.capture=true or monitoring.traffic_uri=s3://bucket/traffic")
     s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_serve)
 

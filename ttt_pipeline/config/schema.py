@@ -470,6 +470,63 @@ class NightlyConfig(Section):
         "reference suite only.")
 
 
+# A monitoring window: a whole number of seconds, minutes, hours, days or weeks (ttt_pipeline/monitoring.py reads it).
+WINDOW_PATTERN = r"[1-9][0-9]{0,5}[smhdw]"
+
+
+class MonitoringConfig(Section):
+    """Watching production without labels: what the served model and `ttt-pipeline predict` record, and what the
+    `traffic-monitor` deployment (`ttt-pipeline monitor`) judges (docs/operations.md, "Watching production")."""
+
+    capture: bool = Field(False, description="Record every text the served model (`ttt-pipeline serve`) is asked, "
+                          "with its prediction and label-free descriptors, into traffic_uri. Off: nothing is "
+                          "recorded.")
+    traffic_uri: str = Field("traffic", description="The traffic store: a local folder (relative to where the "
+                             "server or monitor starts) or any fsspec URL (s3://bucket/traffic, gs://...).")
+    store_text: bool = Field(True, description="Keep each request's text in the store (false: only its "
+                             "descriptors, prediction and time; no text is written anywhere).")
+    retention_days: int = Field(30, ge=0, description="Days of traffic kept: the monitor removes the date "
+                                "partitions older than this.")
+    max_drop: float = Field(0.03, ge=0, le=1, description="The accuracy a window may be forecast to lose (fraction): "
+                            "the verdict is noisy only when the whole forecast interval lies above it.")
+    window: str = Field("24h", description="The traffic each check judges, ending now: a whole number of s, m, h, "
+                        "d or w (30m, 24h, 7d).")
+    min_records: int = Field(50, ge=1, description="Fewer records in the window than this: verdict no_traffic "
+                             "(too few to forecast from).")
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        v = v.strip()
+        if not re.fullmatch(WINDOW_PATTERN, v):
+            raise ValueError(f"'{v}' is not a duration such as 30m, 24h or 7d (a whole number and one of s, m, h, d, w)")
+        return v
+
+    # The forecast's own calibration suite (steps.calibration_suite): scored only when the run's evaluated sets are
+    # too few to calibrate on, and never part of the run's reported figures.
+    calibration_families: list[str] = Field(
+        ["keyboard", "misspelling", "char_swap", "ocr", "tutorial"], description="Corruption families the label-free "
+        "drop forecast is calibrated on when the run's own corruption suite has fewer than two families or six "
+        "sets (the run also scores these, under none and the default defense, for the calibration only). At least "
+        "two; []: score none (such a run then has no calibration).")
+    calibration_severities: list[int] = Field([1, 3, 5], min_length=1, description="Severities (1-5) of "
+                                              "calibration_families.")
+
+    @field_validator("calibration_families")
+    @classmethod
+    def _calibration_families(cls, v: list[str]) -> list[str]:
+        v = CorruptionConfig._fam(v)  # known families, an external generator's package installed
+        if len(v) == 1:
+            raise ValueError(f"one family ({v[0]}) cannot calibrate the forecast, which holds each family out in "
+                             "turn: give at least two, or [] to score none")
+        return v
+
+    @field_validator("calibration_severities")
+    @classmethod
+    def _calibration_severities(cls, v: list[int]) -> list[int]:
+        return CorruptionConfig._sev(v)
+
+
 class AttributionConfig(Section):
     """Training-data attribution (TRAK) of the predictions corruption flipped and defenses fixed or broke."""
 
@@ -537,6 +594,9 @@ class PipelineConfig(Section):
         "predictions corruption flipped and defenses fixed or broke.")
     nightly: NightlyConfig = Field(
         default_factory=NightlyConfig, description="Nightly re-evaluation: optional new labelled reviews.")
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig, description="Production traffic: capture (opt-in), where it is stored and "
+        "for how long, and what the traffic monitor calls noisy.")
     store: str = Field(".cache", description="Root of cached step outputs (paths + digests).")
 
     def model_name(self, label_names: list[str] | None = None) -> str:

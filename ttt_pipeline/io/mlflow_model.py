@@ -306,14 +306,22 @@ def _texts(data) -> list[str]:
         if not isinstance(v, str):
             what = "missing" if v is None or (isinstance(v, float) and v != v) else f"a {type(v).__name__}"
             raise PipelineError(f"input row {i}: the text is {what}", "every input needs a review text (a string)")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: what an undecodable byte becomes; no tokenizer takes it
+            raise PipelineError(f"input row {i}: the text is not valid Unicode (a lone surrogate at character "
+                                f"{exc.start})", "send UTF-8 text; replace undecodable bytes (errors='replace')"
+                                ) from None
     return values
 
 
 class PyfuncClassifier:
-    """What `mlflow.pyfunc.load_model` returns the implementation of: predict(data, params) -> list of dicts."""
+    """What `mlflow.pyfunc.load_model` returns the implementation of: predict(data, params) -> list of dicts.
+    With a `recorder` (io.traffic_recorder.TrafficRecorder), every predicted text is also captured."""
 
-    def __init__(self, classifier):
+    def __init__(self, classifier, recorder=None):
         self.classifier = classifier
+        self.recorder = recorder
 
     def predict(self, data, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         from mlflow.exceptions import MlflowException
@@ -321,22 +329,72 @@ class PyfuncClassifier:
         overrides = {k: v for k, v in (params or {}).items() if v is not None}
         method = overrides.pop("method", None)
         try:
+            if self.recorder is not None:
+                return self.recorder.predict(_texts(data), method, overrides)
             return self.classifier.predict(_texts(data), method, **overrides)
         except PipelineError as exc:  # a bad request: HTTP 400 with the message and hint
             raise MlflowException.invalid_parameter_value(
                 exc.message + (f" (hint: {exc.hint})" if exc.hint else "")) from None
 
 
+def logged_run_id(model_dir: Path) -> str | None:
+    """The run id an MLflow Model folder's MLmodel names (its source run), else its model id; None without."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load((Path(model_dir) / "MLmodel").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    found = spec.get("run_id") or spec.get("model_id") if isinstance(spec, dict) else None
+    return str(found) if found else None
+
+
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> PyfuncClassifier:
     """MLflow's entry point: `data_path` is the model's data/model folder; `model_config` the stored inference
-    configuration with any load-time override (`mlflow.pyfunc.load_model(..., model_config=...)`) on top."""
+    configuration with any load-time override (`mlflow.pyfunc.load_model(..., model_config=...)`) on top. With
+    TTT_MONITORING_CAPTURE=1 in the environment the requests are captured (io.traffic_recorder)."""
     import os
 
     from ttt_pipeline.classifier import from_folder, known_settings
+    from ttt_pipeline.io.traffic_recorder import CaptureSettings, TrafficRecorder
 
     device = os.environ.get("TTT_DEVICE", "auto")
     config = known_settings(dict(model_config or {}), data_path)
-    return PyfuncClassifier(from_folder(Path(data_path), config, device).prepare())  # the first request is fast
+    classifier = from_folder(Path(data_path), config, device).prepare()  # the first request is fast
+    capture = CaptureSettings.from_env(fallback_version=logged_run_id(Path(data_path).parents[1]))
+    if capture is None:
+        return PyfuncClassifier(classifier)
+    recorder = TrafficRecorder(classifier, capture)
+    if recorder.descriptor_method != classifier.method:  # its repair is built at load too, not on a request
+        classifier.prepare(recorder.descriptor_method)
+    log.info("capturing traffic into %s as %s v%s (texts %s)", capture.uri, capture.model_name,
+             capture.model_version, "kept" if capture.store_text else "not kept")
+    return PyfuncClassifier(classifier, recorder)
+
+
+def model_identity(source: str, tracking_uri: str | None = None) -> tuple[str, str]:
+    """(registered name, version) of a model reference as captured traffic names it: `models:/NAME/V`,
+    `models:/NAME@ALIAS` (the alias resolved now) and `models:/NAME/latest` by the registry; a run id, `runs:/`
+    or a local MLflow Model folder as ("unknown", its run id); else ("unknown", "unknown")."""
+    text = str(source)
+    if text.startswith("models:/"):
+        ref = text[len("models:/"):].strip("/")
+        if "@" in ref or ref.endswith("/latest"):
+            client, _ = client_for(tracking_uri)
+            if "@" in ref:
+                name, alias = ref.split("@", 1)
+                return name, str(client.get_model_version_by_alias(name, alias).version)
+            name = ref.rsplit("/", 1)[0]
+            return name, str(max(int(v.version) for v in client.search_model_versions(f"name = '{name}'")))
+        if "/" in ref:
+            name, version = ref.rsplit("/", 1)
+            return name, version
+        return "unknown", ref  # a logged model id
+    if text.startswith("runs:/"):
+        return "unknown", text[len("runs:/"):].split("/", 1)[0]
+    if RUN_ID.match(text):
+        return "unknown", text
+    return "unknown", logged_run_id(Path(text).expanduser()) or "unknown"
 
 
 def is_mlflow_reference(source: str) -> bool:

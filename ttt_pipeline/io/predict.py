@@ -320,9 +320,12 @@ class _Progress:
 
 def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column: str = "text",
                   method: str | None = None, settings: Sequence[str] = (), skip_bad_rows: bool = False,
-                  tracking_uri: str | None = None, device: str = "auto", quiet: bool = False) -> dict[str, Any]:
+                  tracking_uri: str | None = None, device: str = "auto", quiet: bool = False,
+                  capture: str | None = None, capture_text: bool = True) -> dict[str, Any]:
     """Classify every review of `inp` into `outp` (complete, or not at all); every row and setting is checked
-    before the model loads. Returns the summary (counts, timings, the settings applied)."""
+    before the model loads. `capture`: also record each review into that traffic store (a folder or fsspec URL;
+    io.traffic_recorder), its text unless `capture_text` is false. Returns the summary (counts, timings, the
+    settings applied, and what was captured)."""
     inp, outp = Path(inp).expanduser(), Path(outp).expanduser()
     if outp.suffix.lower() not in OUTPUTS:
         raise ConfigError(f"--output {outp}: unsupported type '{outp.suffix}'", f"use one of {', '.join(OUTPUTS)}")
@@ -346,9 +349,14 @@ def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column:
     clf = load_classifier(model, device=device, tracking_uri=tracking_uri)
     method, ttt = clf.settings(method, **overrides)  # validated before the long part
     clf.prepare(method, **overrides)  # spell's dictionary: loading, not classifying
+    recorder = _recorder(clf, model, capture, capture_text, tracking_uri)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    counts = _predict_file(clf, inp, outp, scan, text_column, quiet, method, ttt, overrides)
+    try:
+        counts = _predict_file(clf, inp, outp, scan, text_column, quiet, method, ttt, overrides, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()  # what is queued is written before the command ends
     predict_s = time.perf_counter() - t1
     n = sum(counts.values())
     rate = n / predict_s if predict_s > 0 else float("inf")
@@ -358,7 +366,22 @@ def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column:
     return {"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
             "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
             "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
-            "settings": _applied(ttt, overrides)}
+            "settings": _applied(ttt, overrides),
+            **({"capture": {"uri": recorder.settings.uri, **recorder.stats()}} if recorder is not None else {})}
+
+
+def _recorder(clf, model: str, capture: str | None, capture_text: bool, tracking_uri: str | None):
+    """The traffic recorder of `--capture URI` (None without), naming the model as the registry does."""
+    if not capture:
+        return None
+    from ttt_pipeline.io.mlflow_model import model_identity
+    from ttt_pipeline.io.traffic_recorder import CaptureSettings, TrafficRecorder
+    from ttt_pipeline.monitoring import traffic_location
+
+    name, version = model_identity(model, tracking_uri)
+    recorder = TrafficRecorder(clf, CaptureSettings(traffic_location(capture), capture_text, name, version))
+    clf.prepare(recorder.descriptor_method)
+    return recorder
 
 
 def _applied(ttt, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -379,8 +402,9 @@ def chunk_size(ttt) -> int | None:
 
 
 def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, quiet: bool, method: str, ttt,
-                  overrides) -> dict[str, int]:
-    """Classify the input chunk by chunk into the output (complete, or not at all); returns the label counts."""
+                  overrides, recorder=None) -> dict[str, int]:
+    """Classify the input chunk by chunk into the output (complete, or not at all), each chunk recorded by
+    `recorder` when given; returns the label counts."""
     bar = _Progress(scan.good, not quiet)
     counts: dict[str, int] = {}
     done = 0
@@ -389,7 +413,9 @@ def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, quie
             for chunk in iter_rows(inp, text_column, chunk_size(ttt)):
                 if not chunk.texts:
                     continue
-                preds = clf.predict(chunk.texts, method, lambda k, _n, at=done: bar(at + k, scan.good), **overrides)
+                progress = lambda k, _n, at=done: bar(at + k, scan.good)  # noqa: E731
+                preds = (clf.predict(chunk.texts, method, progress, **overrides) if recorder is None else
+                         recorder.predict(chunk.texts, method, overrides, progress))
                 write([merge(r, p) for r, p in zip(chunk.rows, preds)])
                 done += len(preds)
                 for p in preds:

@@ -64,11 +64,25 @@ class Backend:
         return f"http://127.0.0.1:{self.port}"
 
 
-def start_backend(model_name: str, version: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None) -> Backend:
-    bin_dir = bin_dir or Path(sys.executable).parent
-    port = free_port()
+def backend_env(model_name: str, version: str, tracking_uri: str, bin_dir: Path, monitoring=None) -> dict[str, str]:
+    """The back end's environment: this one, the tracking URI, the venv's bin first on PATH, and traffic capture as
+    the configuration's monitoring section says (io.traffic_recorder.capture_env: the model's name and version
+    included); with capture off no TTT_MONITORING_CAPTURE reaches it, whatever this process's environment holds."""
+    from ttt_pipeline.io.traffic_recorder import ENV_CAPTURE, capture_env
+
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "TOKENIZERS_PARALLELISM": "false", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    env.pop(ENV_CAPTURE, None)
+    if monitoring is not None:
+        env.update(capture_env(monitoring, model_name, version))
+    return env
+
+
+def start_backend(model_name: str, version: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None,
+                  monitoring=None) -> Backend:
+    bin_dir = bin_dir or Path(sys.executable).parent
+    port = free_port()
+    env = backend_env(model_name, version, tracking_uri, bin_dir, monitoring)
     log_path = Path(log_dir) / f"model-v{version}-{port}.log"
     with open(log_path, "w") as out:
         proc = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", f"models:/{model_name}/{version}",
@@ -181,8 +195,9 @@ class ChampionServer:
     """The champion of `model_name` behind one front; `check()` switches to a new champion without a failed request."""
 
     def __init__(self, client, model_name: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None,
-                 ready_timeout_s: float = 300.0):
+                 ready_timeout_s: float = 300.0, monitoring=None):
         self.client, self.model_name, self.tracking_uri = client, model_name, tracking_uri
+        self.monitoring = monitoring  # the configuration's monitoring section: whether back ends capture traffic
         self.log_dir, self.bin_dir, self.ready_timeout_s = Path(log_dir), bin_dir, ready_timeout_s
         self.front: Front | None = None
         self.failed: str | None = None  # a version whose server did not come up: not retried until the alias moves
@@ -198,7 +213,8 @@ class ChampionServer:
         return str(mv.version)
 
     def _ready_backend(self, version: str) -> Backend:
-        backend = start_backend(self.model_name, version, self.tracking_uri, self.log_dir, self.bin_dir)
+        backend = start_backend(self.model_name, version, self.tracking_uri, self.log_dir, self.bin_dir,
+                                monitoring=self.monitoring)
         if not wait_ready(backend, self.ready_timeout_s):
             stop_backend(backend, drain_s=0)
             raise PipelineError(f"the server of {self.model_name} v{version} did not answer /ping and /invocations "

@@ -31,11 +31,14 @@ _FOOTERS_LOCK = threading.Lock()
 
 
 def read_window(uri: str | os.PathLike, start: dt.datetime, end: dt.datetime, *, columns: list[str] | None = None,
-                fs=None) -> dict:
+                fs=None, model_name: str | None = None, model_version: str | None = None,
+                threshold: float | None = None) -> dict:
     """Aggregates of the records with `start` <= ts < `end` (timezone-aware datetimes): n; per descriptor column
     (`columns`, default DESCRIPTOR_COLUMNS) its sum and mean; the mean top-class probability; the truncated texts;
     counts per label, per method and per model name and version; the rows with a raw_label (the repair changed
     the text) and those whose raw_label differs from the label; the parts read and the parts skipped as unreadable.
+    `model_name` / `model_version`: only that model's (version's) records; `threshold`: also `above_threshold`,
+    the records whose top-class probability exceeds it (ATC's count; None when no threshold is given).
     """
     columns = _numeric_columns(columns)
     fs, base = (fs, str(uri).rstrip("/")) if fs is not None else store_fs(uri)
@@ -43,17 +46,23 @@ def read_window(uri: str | os.PathLike, start: dt.datetime, end: dt.datetime, *,
     out = {"start": start.isoformat(), "end": end.isoformat(), "n": 0, "sums": dict.fromkeys(columns, 0),
            "means": dict.fromkeys(columns), "mean_probability": None, "truncated": 0, "labels": {}, "methods": {},
            "model_versions": {}, "raw_label_recorded": 0, "raw_label_changed": 0, "parts": len(good),
-           "skipped_parts": skipped}
+           "skipped_parts": skipped, "above_threshold": None if threshold is None else 0}
     if not good:
         return out
     aggs = [f"sum({c}), avg({c})" if c in present else "NULL, NULL" for c in columns]
+    where, params = "ts >= ? AND ts < ?", [start, end]
+    for column, value in (("model_name", model_name), ("model_version", model_version)):
+        if value is not None:
+            where, params = f"{where} AND {column} = ?", [*params, str(value)]
+    above = "count(*) FILTER (WHERE probability > ?)" if threshold is not None else "NULL"
     sql = (f"SELECT grouping(label), grouping(method), grouping(model_name), label, method, model_name, "
            f"model_version, count(*), avg(probability), count(*) FILTER (WHERE truncated), count(raw_label), "
-           f"count(*) FILTER (WHERE raw_label <> label), {', '.join(aggs)} "
-           f"FROM {_SOURCE} WHERE ts >= ? AND ts < ? "
+           f"count(*) FILTER (WHERE raw_label <> label), {above}, {', '.join(aggs)} "
+           f"FROM {_SOURCE} WHERE {where} "
            f"GROUP BY GROUPING SETS ((), (label), (method), (model_name, model_version))")
+    args = [*([float(threshold)] if threshold is not None else []), _duck_paths(fs, good), *params]
     with _connect(fs) as con:
-        rows = con.execute(sql, [_duck_paths(fs, good), start, end]).fetchall()
+        rows = con.execute(sql, args).fetchall()
     for g_label, g_method, g_model, label, method, name, version, n, *rest in rows:
         if not g_label:
             out["labels"][label] = n
@@ -62,9 +71,9 @@ def read_window(uri: str | os.PathLike, start: dt.datetime, end: dt.datetime, *,
         elif not g_model:
             out["model_versions"].setdefault(name, {})[version] = n
         elif n:
-            mean_p, truncated, recorded, changed, *descr = rest
+            mean_p, truncated, recorded, changed, n_above, *descr = rest
             out.update(n=n, mean_probability=mean_p, truncated=truncated, raw_label_recorded=recorded,
-                       raw_label_changed=changed)
+                       raw_label_changed=changed, above_threshold=n_above)
             for i, c in enumerate(columns):
                 out["sums"][c] = descr[2 * i] if descr[2 * i] is not None else 0
                 out["means"][c] = descr[2 * i + 1]
