@@ -17,6 +17,33 @@ import sys
 from ttt_pipeline.defenses import registry
 from ttt_pipeline.io import predict
 
+FLAGS = {"input": "--input", "output": "--output", "skip_bad_rows": "--skip-bad-rows", "set": "--set",
+         "method": "--method"}
+PROGRESS_MIN = 200  # inputs at least this long get a progress bar
+
+
+class ProgressBar:
+    """A tqdm bar in reviews/s on stderr for long inputs (predict_texts reports after every batch)."""
+
+    def __init__(self, total: int):
+        self.bar = None
+        if total >= PROGRESS_MIN:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=" reviews", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
 
 def cmd_predict(args) -> int:
     for k, v in {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
@@ -24,8 +51,9 @@ def cmd_predict(args) -> int:
         os.environ.setdefault(k, v)
     summary = predict.classify_file(args.model, args.input, args.output, text_column=args.text_column,
                                     method=args.method, settings=args.set, skip_bad_rows=args.skip_bad_rows,
-                                    tracking_uri=args.tracking_uri, device=args.device, quiet=args.quiet,
-                                    capture=args.capture, capture_text=not args.capture_no_text)
+                                    tracking_uri=args.tracking_uri, device=args.device, capture=args.capture,
+                                    capture_text=not args.capture_no_text, names=FLAGS, report=_say,
+                                    progress=None if args.quiet else ProgressBar)
     if args.json:
         sys.stdout.flush()
         print(json.dumps(summary))

@@ -48,10 +48,10 @@ def read_calibration_file(path: str | Path) -> dict:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise PipelineError(f"--calibration {p}: cannot read it as JSON ({exc})",
+        raise PipelineError(f"calibration file {p}: cannot read it as JSON ({exc})",
                             "give the JSON file of a model's calibration") from None
     if not isinstance(data, dict):
-        raise PipelineError(f"--calibration {p}: not a JSON object", "give the JSON file of a model's calibration")
+        raise PipelineError(f"calibration file {p}: not a JSON object", "give the JSON file of a model's calibration")
     return data if "calibration" in data else {"calibration": data, "reference": {}}
 
 
@@ -62,13 +62,8 @@ def calibration_for(client, mv, path: str | Path | None = None) -> dict | None:
         return read_calibration_file(path)
     if mv is None:
         return None
-    try:
-        from ttt_pipeline.io.calibration_store import load_calibration
-    except ModuleNotFoundError as exc:
-        if exc.name != "ttt_pipeline.io.calibration_store":
-            raise
-        log.warning("this release stores no calibration with its models: pass --calibration FILE")
-        return None
+    from ttt_pipeline.io.calibration_store import load_calibration
+
     return load_calibration(client, mv)
 
 

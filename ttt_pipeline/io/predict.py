@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -36,7 +35,12 @@ INPUTS = STREAMED
 OUTPUTS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 ADDED = ("label", "probability", "probabilities")
 LISTED = 10  # bad rows named in a message
-PROGRESS_MIN = 200  # inputs at least this long get a progress bar
+# What errors call the inputs: the function's own parameters; the command line passes its flags instead
+# (`cli/predict.FLAGS`), so io names no command-line flag of its own.
+Report = Callable[[str], None]
+ProgressFactory = Callable[[int], Any]  # total -> a callback (done, total) with .close()
+NAMES = {"input": "inp", "output": "outp", "skip_bad_rows": "skip_bad_rows=True", "set": "settings",
+         "method": "method"}
 CHUNK_ROWS = 1024  # rows read, classified and written at a time (rounded down to whole batches, at least one)
 
 
@@ -91,7 +95,7 @@ def iter_rows(path: Path, column: str = "text", chunk_rows: int | None = CHUNK_R
     file order; each chunk's `columns` are the fields seen so far. File-level problems raise."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file", "check --input")
+        raise DataError(f"{path}: no such file", "check the input file's path")
     suffix = path.suffix.lower()
     if suffix not in INPUTS:
         raise DataError(f"{path}: unsupported input type '{suffix}'", f"use one of {', '.join(INPUTS)}")
@@ -126,14 +130,14 @@ def scan_rows(path: Path, column: str = "text") -> Rows:
     return out
 
 
-def check_rows(path: Path, rows: Rows, skip_bad: bool) -> None:
+def check_rows(path: Path, rows: Rows, skip_bad: bool, names: dict[str, str] = NAMES) -> None:
     """Bad rows stop the command (named with their line numbers), unless they are to be skipped."""
     if rows.bad and not skip_bad:
         listed = "; ".join(f"{w}: {why}" for w, why in rows.bad[:LISTED])
         more = f"; and {len(rows.bad) - LISTED} more" if len(rows.bad) > LISTED else ""
         raise DataError(f"{path}: {len(rows.bad)} bad row(s): {listed}{more}",
-                        "fix those rows, or pass --skip-bad-rows to classify the others (the skipped rows are "
-                        "listed)")
+                        f"fix those rows, or pass {names['skip_bad_rows']} to classify the others (the skipped "
+                        "rows are listed)")
     if not rows.good:
         raise DataError(f"{path}: no reviews to classify" + (f" ({len(rows.bad)} bad row(s))" if rows.bad else ""),
                         "give at least one row with a review text")
@@ -259,27 +263,29 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
 # ---------------------------------------------------------------------- classifying
 
 
-def ttt_overrides(items: list[str]) -> dict[str, Any]:
-    """`--set ttt.steps=3` -> {"steps": 3}; only ttt.* inference settings (the method is --method)."""
+def ttt_overrides(items: list[str], names: dict[str, str] = NAMES) -> dict[str, Any]:
+    """`ttt.steps=3` -> {"steps": 3}; only ttt.* inference settings (the method is given on its own)."""
     from ttt_pipeline.classifier import inference_fields
     from ttt_pipeline.config import MOVED_KEYS, apply_overrides, flatten
 
     data = apply_overrides({}, items)
     other = sorted(k for k in data if k != "ttt")
     if other:
-        raise ConfigError(f"--set {other[0]}.*: predict takes only ttt.* settings",
+        raise ConfigError(f"{names['set']} {other[0]}.*: predict takes only ttt.* settings",
                           "the model is trained; set inference settings such as ttt.steps=3 or ttt.lr=1e-4")
     ttt = data.get("ttt", {})
     if not isinstance(ttt, dict):
-        raise ConfigError("--set ttt: give a field, e.g. ttt.steps=3", "use --set ttt.<field>=<value>")
+        raise ConfigError(f"{names['set']} ttt: give a field, e.g. ttt.steps=3",
+                          f"use {names['set']} ttt.<field>=<value>")
     if "methods" in ttt:
-        raise ConfigError("--set ttt.methods: predict applies one method", "use --method, e.g. --method masked_ttt")
+        raise ConfigError(f"{names['set']} ttt.methods: predict applies one method",
+                          f"use {names['method']}, e.g. {names['method']} masked_ttt")
     fields, ttt = inference_fields(), flatten(ttt)
     unknown = sorted(set(ttt) - set(fields))
     if unknown and unknown[0] in MOVED_KEYS:
-        raise ConfigError(f"--set ttt.{unknown[0]}: moved", f"use ttt.{MOVED_KEYS[unknown[0]]}")
+        raise ConfigError(f"{names['set']} ttt.{unknown[0]}: moved", f"use ttt.{MOVED_KEYS[unknown[0]]}")
     if unknown:
-        raise ConfigError(f"--set ttt.{unknown[0]}: not an inference setting",
+        raise ConfigError(f"{names['set']} ttt.{unknown[0]}: not an inference setting",
                           f"settings are ttt.{', ttt.'.join(fields)}")
     return ttt
 
@@ -299,46 +305,32 @@ def _check_settings(method: str | None, overrides: dict[str, Any]) -> None:
                           "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None
 
 
-class _Progress:
-    """A tqdm bar in reviews/s on stderr for long inputs (predict_texts reports after every batch)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled and total >= PROGRESS_MIN:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit=" reviews", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column: str = "text",
                   method: str | None = None, settings: Sequence[str] = (), skip_bad_rows: bool = False,
-                  tracking_uri: str | None = None, device: str = "auto", quiet: bool = False,
-                  capture: str | None = None, capture_text: bool = True) -> dict[str, Any]:
+                  tracking_uri: str | None = None, device: str = "auto", capture: str | None = None,
+                  capture_text: bool = True, names: dict[str, str] = NAMES, report: Report | None = None,
+                  progress: ProgressFactory | None = None) -> dict[str, Any]:
     """Classify every review of `inp` into `outp` (complete, or not at all); every row and setting is checked
     before the model loads. `capture`: also record each review into that traffic store (a folder or fsspec URL;
     io.traffic_recorder), its text unless `capture_text` is false. Returns the summary (counts, timings, the
-    settings applied, and what was captured)."""
+    settings applied, and what was captured). `report` receives the lines a user reads (the skipped rows, the
+    closing line), `progress(total)` makes a callback `(done, total)` with a `close()`: the caller's, which prints;
+    `names` are what errors call the inputs (the command line's flags)."""
     inp, outp = Path(inp).expanduser(), Path(outp).expanduser()
     if outp.suffix.lower() not in OUTPUTS:
-        raise ConfigError(f"--output {outp}: unsupported type '{outp.suffix}'", f"use one of {', '.join(OUTPUTS)}")
+        raise ConfigError(f"{names['output']} {outp}: unsupported type '{outp.suffix}'",
+                          f"use one of {', '.join(OUTPUTS)}")
     if outp.resolve() == inp.resolve():
-        raise ConfigError("--output is the input file", "write the predictions to another file")
-    overrides = ttt_overrides(list(settings))
+        raise ConfigError(f"{names['output']} is the input file", "write the predictions to another file")
+    overrides = ttt_overrides(list(settings), names)
+    report = report or (lambda line: None)
     _check_settings(method, overrides)
     scan = scan_rows(inp, text_column)  # every row is checked before the model loads
-    check_rows(inp, scan, skip_bad_rows)
+    check_rows(inp, scan, skip_bad_rows, names)
     for where, why in scan.bad[:LISTED]:
-        print(f"skipped {inp.name} {where}: {why}", file=sys.stderr)
+        report(f"skipped {inp.name} {where}: {why}")
     if len(scan.bad) > LISTED:
-        print(f"skipped {len(scan.bad) - LISTED} more bad rows", file=sys.stderr)
+        report(f"skipped {len(scan.bad) - LISTED} more bad rows")
 
     from ttt_pipeline.io.mlflow_model import load_classifier
     from ttt_pipeline.modeling.train import set_threads
@@ -353,16 +345,15 @@ def classify_file(model: str, inp: str | Path, outp: str | Path, *, text_column:
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     try:
-        counts = _predict_file(clf, inp, outp, scan, text_column, quiet, method, ttt, overrides, recorder)
+        counts = _predict_file(clf, inp, outp, scan, text_column, progress, method, ttt, overrides, recorder)
     finally:
         if recorder is not None:
             recorder.close()  # what is queued is written before the command ends
     predict_s = time.perf_counter() - t1
     n = sum(counts.values())
     rate = n / predict_s if predict_s > 0 else float("inf")
-    print(f"{n} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
-          f"loaded in {load_s:.1f} s){f', {len(scan.bad)} bad rows skipped' if scan.bad else ''} -> {outp}",
-          file=sys.stderr)
+    report(f"{n} reviews classified with {method} in {predict_s:.1f} s ({rate:.1f} reviews/s; model "
+           f"loaded in {load_s:.1f} s){f', {len(scan.bad)} bad rows skipped' if scan.bad else ''} -> {outp}")
     return {"output": str(outp), "n": n, "skipped": [w for w, _ in scan.bad],
             "method": method, "model": clf.source, "labels": counts, "load_s": round(load_s, 3),
             "predict_s": round(predict_s, 3), "reviews_per_s": round(rate, 2),
@@ -401,11 +392,11 @@ def chunk_size(ttt) -> int | None:
     return max(CHUNK_ROWS // batch, 1) * batch
 
 
-def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, quiet: bool, method: str, ttt,
+def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, progress, method: str, ttt,
                   overrides, recorder=None) -> dict[str, int]:
     """Classify the input chunk by chunk into the output (complete, or not at all), each chunk recorded by
     `recorder` when given; returns the label counts."""
-    bar = _Progress(scan.good, not quiet)
+    bar = progress(scan.good) if progress is not None else _Silent()
     counts: dict[str, int] = {}
     done = 0
     try:
@@ -423,6 +414,16 @@ def _predict_file(clf, inp: Path, outp: Path, scan: Rows, text_column: str, quie
     finally:
         bar.close()
     return counts
+
+
+class _Silent:
+    """The progress callback of a caller that shows none."""
+
+    def __call__(self, done: int, total: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _quiet_transformers() -> None:
