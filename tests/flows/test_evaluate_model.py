@@ -270,7 +270,8 @@ def reevaluate(tmp: Path, model: str) -> dict:
 @pytest.mark.slow
 def test_an_mlflow_transformers_model_and_a_hub_id_are_evaluated_like_a_folder(models, tmp_path):
     """The same DistilBERT three ways: its folder, `models:/` of an MLflow transformers pipeline, and a hub id
-    served from a local Hugging Face cache (HF_HUB_OFFLINE): identical accuracies."""
+    served from a local Hugging Face cache (HF_HUB_OFFLINE): identical accuracies, one evaluation, one registered
+    model (the first spelling's name), which `reevaluate --model` of another spelling judges."""
     import mlflow
     from transformers import pipeline
 
@@ -292,8 +293,13 @@ def test_an_mlflow_transformers_model_and_a_hub_id_are_evaluated_like_a_folder(m
     from_hub = run_evaluate(tmp_path, "acme/tiny-distilbert", env={"HF_HOME": str(tmp_path / "hf-home")})
     for other in (logged, from_hub):
         assert other["acc_clean"] == folder["acc_clean"] and other["acc_default"] == folder["acc_default"]
-    assert logged["registry"]["model_name"] == "ttt-demo-reviews-negative-positive-shop-sentiment"
-    assert from_hub["registry"]["model_name"] == "ttt-demo-reviews-negative-positive-tiny-distilbert"
+        # one model, one name: the same weights make the same imported model, scored once, registered once more
+        assert other["registry"]["model_name"] == "ttt-demo-reviews-negative-positive-distilbert"
+        assert other["model_path"] != folder["model_path"] and other["cached"]["evaluate"] is True
+    assert [r["registry"]["version"] for r in (folder, logged, from_hub)] == ["1", "2", "3"]
+    assert from_hub["registry"]["champion_after"] == "1"  # a tie keeps the first
+    night = reevaluate(tmp_path, "models:/shop-sentiment/1")  # the spelling finds the name it was registered under
+    assert night["verdict"] == "ok" and night["model_name"] == "ttt-demo-reviews-negative-positive-distilbert"
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ from ttt_pipeline.errors import NoChampion
 from ttt_pipeline.events import emit_outcome
 from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.gpu_pool import evaluate_on_gpu, run_task
-from ttt_pipeline.io import nights
+from ttt_pipeline.io import brought_models, nights
 from ttt_pipeline.io.remote_store import open_store
 from ttt_pipeline.io.tracking import Tracker
 from ttt_pipeline.reports.nightly import change_line, night_report, no_champion_report
@@ -123,7 +123,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
     tracker = Tracker.from_config(cfg.tracking)
     tracker.check()
     data, _ = run_task(download_task, cfg)
-    name = cfg.model_name(data["meta"]["label_names"])
+    name = brought_models.watched_name(tracker.client, cfg, data["meta"]["label_names"])
     try:
         mv = nights.load_champion(tracker.client, name)
     except NoChampion as exc:

@@ -233,6 +233,7 @@ def save_imported(out: Path, seq_model, tokenizer, meta: ModelMeta, order: list[
     with atomic_dir(Path(out)) as tmp:
         seq_model.save_pretrained(tmp / "classifier", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "classifier")
+        _drop_load_flags(tmp / "classifier" / "tokenizer_config.json")
         if mlm is not None:
             (tmp / "mlm").mkdir()
             mlm.config.to_json_file(tmp / "mlm" / "config.json")
@@ -241,6 +242,19 @@ def save_imported(out: Path, seq_model, tokenizer, meta: ModelMeta, order: list[
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
         (tmp / "labels.json").write_text(json.dumps(dict(enumerate(meta.label_names)), indent=2))
     return Path(out)
+
+
+# How a tokenizer was loaded (from the hub cache or a folder), which transformers writes into tokenizer_config.json
+# beside the tokenizer's own settings: the same tokenizer loaded two ways would save two files, two digests.
+LOAD_FLAGS = ("is_local", "local_files_only")
+
+
+def _drop_load_flags(path: Path) -> None:
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if any(k in config for k in LOAD_FLAGS):
+            path.write_text(json.dumps({k: v for k, v in config.items() if k not in LOAD_FLAGS}, indent=2,
+                                       ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def load_imported(folder: Path, meta: ModelMeta, device="cpu"):
@@ -282,13 +296,15 @@ def import_classifier(src: Source, data_labels: list[str], model_cfg, mlm_from: 
     mlm, mlm_note = find_mlm(seq, src, mlm_from, model_cfg.trust_remote_code) if want_mlm else (
         None, "no method in ttt.methods needs an MLM head")
     limit = model_limit(seq.config, tokenizer)
-    meta = ModelMeta(base_model=src.name, num_labels=len(data_labels), label_names=list(data_labels),
+    # base_model names the architecture, not the spelling it came by (a folder, models:/NAME@ALIAS): the same
+    # weights brought two ways make the same model folder, so one digest, one evaluate cache entry, one name
+    meta = ModelMeta(base_model=type(seq).__name__, num_labels=len(data_labels), label_names=list(data_labels),
                      head_hidden=[], head_dropout=0.0, max_length=min(model_cfg.max_length, limit),
                      mlm_head_pretrained=mlm is not None, kind=KIND,
                      extra={"model_type": seq.config.model_type, "model_labels": model_labels,
                             "mlm": mlm_note})
     save_imported(out, seq, tokenizer, meta, order, mlm)
-    return {"kind": KIND, "model_type": seq.config.model_type, "architecture": type(seq).__name__,
+    return {"kind": KIND, "source": src.name, "model_type": seq.config.model_type, "architecture": type(seq).__name__,
             "model_labels": model_labels, "order": order, "max_length": meta.max_length, "model_max_length": limit,
             "mlm_head": mlm is not None, "mlm_note": mlm_note,
             "parameters": sum(p.numel() for p in seq.parameters())}
