@@ -44,3 +44,18 @@ def test_the_terminal_lines_name_the_model_then_list_the_commands():
     assert lines[0] == f"registered model: {NAME} v3, now the champion (no champion yet)"
     assert [line.strip() for line in lines[2:]] == commands
     assert "the champion stays v3" in registered_line(KEPT)
+
+
+def test_test_reviews_split_off_by_the_preset_are_said_to_be_possibly_seen_in_training():
+    from ttt_pipeline.cli.next_steps import overlap_note
+    from ttt_pipeline.config import load_config
+
+    demo = load_config("demo").data
+    note = overlap_note(demo, "split", 129)
+    assert note.startswith(f"the 129 test reviews are 30% of {demo.path}, split off by the preset (seed 42): ")
+    assert note.endswith("give reviews it never saw with --set data.test_path=FILE")
+    assert overlap_note(demo, "source", 129) is None
+    own = load_config("demo", ["data.test_path=my_test.csv"]).data
+    assert overlap_note(own, "test_path", 40) is None and overlap_note(own, None, None) is None
+    # a store entry made before the download step recorded where its test reviews came from
+    assert "(unless the source holds a test split of its own)" in overlap_note(demo, None, None)

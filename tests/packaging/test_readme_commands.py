@@ -290,6 +290,8 @@ def test_own_model_runs_as_written_in_an_empty_folder(tmp_path):
         predict, serve, reevaluate = summary["next_commands"]
         assert f"predict --model models:/{name}@champion " in predict and serve.endswith(f" serve --model {name}")
         assert all(f"  {c}\n" in proc.stdout for c in summary["next_commands"])  # the terminal lists them too
+        # the demo's test reviews were split off by the preset: said once, with the way to bring one's own
+        assert proc.stdout.count("split off by the preset") == 1 and "--set data.test_path=FILE" in proc.stdout
         summaries.append(summary)
     assert " reevaluate --model path/to/hf-classifier --config demo" in summaries[0]["next_commands"][2]
     (home / "reviews.csv").write_text('text\nBattery died after two days.\n"Great sound, works well."\n')

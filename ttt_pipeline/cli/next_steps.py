@@ -59,3 +59,16 @@ def rerun_arguments(model: str | None, config: str | None, settings: list[str]) 
     for setting in settings:
         words += ["--set", setting]
     return words
+
+
+def overlap_note(data_cfg, test_from: str | None, test_reviews: int | None) -> str | None:
+    """`evaluate --model`'s one line when the test reviews were split off the data here (`test_from`, the download
+    step's record; for a store entry made before it was recorded: no data.test_path means split here or the source's
+    own): a model trained elsewhere on the same reviews may have trained on them. None otherwise."""
+    if data_cfg.test_path or test_from in ("test_path", "source"):
+        return None
+    n = f"{test_reviews} " if test_reviews else ""
+    unless = "" if test_from == "split" else " (unless the source holds a test split of its own)"
+    return (f"the {n}test reviews are {data_cfg.test_fraction:.0%} of {data_cfg.path}, split off by the preset (seed "
+            f"{data_cfg.split_seed}){unless}: a model trained elsewhere on these reviews may have trained on some of "
+            "them and score too well here; give reviews it never saw with --set data.test_path=FILE")
