@@ -1,4 +1,4 @@
-"""The `ttt-pipeline` flow: download -> tokenise -> fine-tune, corrupt -> evaluate, tracked in MLflow."""
+"""The `ttt-pipeline` flow: download -> tokenise -> finetune, corrupt -> evaluate, tracked in MLflow."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 
 from ttt_pipeline import steps
 from ttt_pipeline.config import PipelineConfig, flow_config
+from ttt_pipeline.errors import ConfigError
 from ttt_pipeline.evaluation.stats import format_difference
 from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.gpu_pool import run_task
@@ -26,16 +27,18 @@ from ttt_pipeline.tasks import (
     evaluate_task,
     finetune_task,
     log_calibration_task,
-    log_stage_task,
+    log_step_task,
     tokenise_task,
 )
 from ttt_pipeline.tasks.model_registry import register_task
 
-STAGE_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
-              "corrupt": "write the corrupted test sets", "fine-tune": "train the classifier",
+STEP_WORK = {"download": "read, check and split the reviews", "tokenise": "tokenise the reviews",
+              "corrupt": "write the corrupted test sets", "finetune": "train the classifier",
               "evaluate": "score clean and corrupted test reviews under every method",
               "attribute": "find the training reviews behind flipped predictions",
               "calibrate": "fit the label-free drop forecast on the corrupted sets",
+              "calibration-corrupt": "write the forecast's own calibration sets (the run's are too few)",
+              "calibration-evaluate": "score the calibration sets under none and the default defense",
               "import-model": "load the classifier, match its labels to the data's, find an MLM head"}
 
 
@@ -46,7 +49,7 @@ def _run(task_fn, *args, **kwargs):
 
     logger = get_run_logger()
     name = task_fn.name
-    logger.info("%s: started (%s)", name, STAGE_WORK.get(name, name))
+    logger.info("%s: started (%s)", name, STEP_WORK.get(name, name))
     t0 = time.perf_counter()
     result, cached = run_task(task_fn, *args, **kwargs)
     logger.info("%s: %s in %s", name, "cached (served from the store)" if cached else "computed",
@@ -70,6 +73,10 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
     reclaim()  # a caller's stop handler (ttt-pipeline run) instead of Prefect's: exits in seconds, says what is kept
     t0 = time.perf_counter()
     cfg = flow_config(config, preset, overrides)
+    if cfg.data.label_column is None:
+        raise ConfigError("data.label_column is null (unlabelled reviews): a classifier is trained on labels",
+                          "score unlabelled reviews with a trained model: ttt-pipeline evaluate --model MODEL "
+                          "--set data.label_column=null; to train, name the label column (data.label_column)")
     if cfg.attribution.enabled:  # its optional package is missing: say so now, not after training
         from ttt_pipeline.evaluation.attribution import require_traker
 
@@ -78,26 +85,26 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
     cached: dict[str, bool] = {}
     try:
         data, cached["download"] = _run(download_task, cfg)
-        log_stage_task(cfg, "download", [data], parent, cached["download"])
+        log_step_task(cfg, "download", [data], parent, cached["download"])
         tokens, cached["tokenise"] = _run(tokenise_task, cfg, data)
-        log_stage_task(cfg, "tokenise", [tokens], parent, cached["tokenise"])
+        log_step_task(cfg, "tokenise", [tokens], parent, cached["tokenise"])
         corrupted, cached["corrupt"] = _run(corrupt_task, cfg, data)
-        log_stage_task(cfg, "corrupt", [corrupted], parent, cached["corrupt"])
-        if cfg.execution.mode == "deployments":  # heavy stages on the gpu pool (ttt_pipeline/flows/gpu_pool.py)
-            from ttt_pipeline.flows.gpu_pool import run_heavy_stages
+        log_step_task(cfg, "corrupt", [corrupted], parent, cached["corrupt"])
+        if cfg.execution.mode == "deployments":  # heavy steps on the gpu pool (ttt_pipeline/flows/gpu_pool.py)
+            from ttt_pipeline.flows.gpu_pool import run_heavy_steps
 
-            model, evaluations, cached["fine-tune"], cached["evaluate"] = run_heavy_stages(
+            model, evaluations, cached["finetune"], cached["evaluate"] = run_heavy_steps(
                 cfg, data, tokens, corrupted, parent)
         else:
-            model, cached["fine-tune"] = _run(finetune_task, cfg, data, tokens)
-            log_stage_task(cfg, "fine-tune", [model, data], parent, cached["fine-tune"])
+            model, cached["finetune"] = _run(finetune_task, cfg, data, tokens)
+            log_step_task(cfg, "finetune", [model, data], parent, cached["finetune"])
             evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
             evaluations = [evaluation]
-        logged = log_stage_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
+        logged = log_step_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
         forecast = calibrate(cfg, data, model, corrupted, evaluations, parent)
         if cfg.attribution.enabled:  # optional: a disabled run has no attribute task, child run or cache count
             attributed, cached["attribute"] = _run(attribute_task, cfg, data, model, corrupted, evaluations)
-            log_stage_task(cfg, "attribute", [attributed], parent, cached["attribute"])
+            log_step_task(cfg, "attribute", [attributed], parent, cached["attribute"])
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
@@ -106,15 +113,34 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
 
 def calibrate(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict, evaluations: list[dict],
               parent: str) -> dict:
-    """The label-free drop forecast calibrated on the evaluated sets and logged on the parent run: the summary's
-    `forecast_calibration` and `forecast_calibration_note`. Not one of the summary's `cached` tasks (the run's
+    """The label-free drop forecast calibrated on the evaluated sets (on the calibration's own suite where they are
+    too few: `steps.calibration_suite`) and logged on the parent run: the summary's `forecast_calibration` and
+    `forecast_calibration_note`. Not one of the summary's `cached` tasks (the run's
     five, or six with attribute); its log line says whether the store served it, or why it was skipped."""
+    suite = steps.calibration_suite(cfg, StepOutput(**corrupted))
+    if suite is not None:  # too few sets of its own: the calibration's suite, scored for the calibrate step alone
+        cfg = suite
+        corrupted, evaluations = calibration_sets(cfg, data, model)
     reason = steps.calibration_skip_reason(cfg, StepOutput(**corrupted))
     if reason is not None:
         get_run_logger().info("calibrate: skipped: %s", reason)
         return {"forecast_calibration": None, "forecast_calibration_note": reason}
     calibration, _ = _run(calibrate_task, cfg, data, model, corrupted, evaluations)
     return log_calibration_task(cfg, calibration, parent)
+
+
+def calibration_sets(suite: PipelineConfig, data: dict, model: dict) -> tuple[dict, list[dict]]:
+    """The calibration suite's corrupted sets and their evaluation (`steps.calibration_suite`), by the ordinary
+    cached tasks under their own names (on the gpu pool in deployments mode); logged on no MLflow run and in no
+    summary: the run's reported figures stay its own sets'."""
+    corrupted, _ = _run(corrupt_task.with_options(name="calibration-corrupt"), suite, data)
+    if suite.execution.mode == "deployments":
+        from ttt_pipeline.flows.gpu_pool import evaluate_on_gpu, evaluation_shares
+
+        evaluations, _ = evaluate_on_gpu(suite, data, model, corrupted, evaluation_shares(suite))
+        return corrupted, evaluations
+    evaluation, _ = _run(evaluate_task.with_options(name="calibration-evaluate"), suite, data, model, corrupted)
+    return corrupted, [evaluation]
 
 
 def open_run(cfg: PipelineConfig, flow_name: str, model: str) -> tuple[Tracker, str]:

@@ -12,6 +12,7 @@ from ttt_pipeline.steps.attribute_step import attribute, model_checkpoints
 from ttt_pipeline.steps.calibrate_step import (
     calibrate,
     calibration_skip_reason,
+    calibration_suite,
     calibration_summary,
     read_calibration,
 )
@@ -43,8 +44,8 @@ from ttt_pipeline.steps.outputs import load_attribution, load_results, read_pred
 from ttt_pipeline.steps.tokenise_step import tokenise
 from ttt_pipeline.storage import StepOutput, StepStore
 
-__all__ = ["VERSIONS", "StepOutput", "StepStore", "attribute", "attribute_inputs", "calibrate",
-           "calibrate_inputs", "calibration_skip_reason", "calibration_summary", "corrupt", "corrupt_inputs",
+__all__ = ["VERSIONS", "StepOutput", "StepStore", "attribute", "attribute_inputs", "calibrate", "calibrate_inputs",
+           "calibration_skip_reason", "calibration_suite", "calibration_summary", "corrupt", "corrupt_inputs",
            "download", "download_inputs", "evaluate", "evaluate_inputs", "evaluated_config", "finetune",
            "finetune_inputs", "guarded", "import_inputs", "import_model", "kept", "load_attribution", "load_results",
            "memory_hint", "model_checkpoints", "model_length", "new_reviews_inputs", "read_calibration",

@@ -18,7 +18,8 @@ without the set's family), `baselines` the confidence-only forecasts (AC, DoC, A
 
 Skipped, with the reason (`calibration_skip_reason`), when the forecast cannot be calibrated: a default defense that repairs no
 text (an engine, or null) leaves repaired_words_share undefined, and fewer than two corruption families leave no
-family to hold out.
+family to hold out. A run whose own suite is that small (the demo's one keyboard set) is calibrated on a suite of its
+own instead (`calibration_suite`: monitoring.calibration_families), which the flows score for this step alone.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from ttt_pipeline.storage import StepOutput, StepStore
 
 ARTIFACT = "calibration.json"
 CONFIDENCE = 0.90  # the forecast interval's level
+MIN_FAMILIES = 2  # each family is held out in turn: one leaves none to fit on
+MIN_SETS = 6  # fewer held-out points leave the interval's width to a handful of residuals
 _ROUNDING = 1e-12  # coverage: a drop on the interval's edge is inside, whatever the last bit of the product
 log = logging.getLogger(__name__)
 
 
-def calibration_skip_reason(cfg: PipelineConfig, corrupt_out: StepOutput) -> str | None:
-    """Why this run's forecast cannot be calibrated, or None when it can."""
+def _defense_reason(cfg: PipelineConfig) -> str | None:
+    """Why the default defense gives the forecast nothing to read, or None when it repairs text."""
     from ttt_pipeline.defenses.registry import parse
 
     defense = cfg.evaluation.default_defense
@@ -49,6 +52,36 @@ def calibration_skip_reason(cfg: PipelineConfig, corrupt_out: StepOutput) -> str
     if not parse(defense).repairs:
         return (f"the default defense {defense} repairs no text: without a repair there is no repaired_words_share to "
                 "forecast from (choose a default defense with a repair, e.g. spell)")
+    return None
+
+
+def calibration_suite(cfg: PipelineConfig, corrupt_out: StepOutput) -> PipelineConfig | None:
+    """The configuration of the forecast's own calibration suite, for a run whose corrupted sets are too few to
+    calibrate on (fewer than MIN_FAMILIES families or MIN_SETS sets, as the demo's one keyboard set): the same data,
+    model, corruption seed and scoring settings, the families and severities of monitoring.calibration_families and
+    calibration_severities, and only what calibrate reads scored: ttt.methods none and the default defense, at its
+    first mask seed, without the MLM signal. Its corrupt and evaluate outputs feed the calibrate step only, never
+    the run's summary, grid or results. None when the run's own sets suffice, when the default defense leaves
+    nothing to calibrate anyway (`calibration_skip_reason`), or when monitoring.calibration_families is []."""
+    if _defense_reason(cfg) is not None or not cfg.monitoring.calibration_families:
+        return None
+    sets = list(corrupt_out.meta["sets"].values())
+    if len({m["family"] for m in sets}) >= MIN_FAMILIES and len(sets) >= MIN_SETS:
+        return None
+    raw = cfg.model_dump(mode="json")
+    raw["corruption"] = {"families": cfg.monitoring.calibration_families,
+                         "severities": cfg.monitoring.calibration_severities, "seed": cfg.corruption.seed}
+    raw["ttt"] = {**raw["ttt"], "methods": ["none", cfg.evaluation.default_defense],
+                  "mask_seeds": cfg.ttt.seeds()[:1]}
+    raw["evaluation"] = {**raw["evaluation"], "signal_reviews": 0}
+    return PipelineConfig.model_validate(raw)
+
+
+def calibration_skip_reason(cfg: PipelineConfig, corrupt_out: StepOutput) -> str | None:
+    """Why this run's forecast cannot be calibrated on the sets of `corrupt_out`, or None when it can."""
+    reason = _defense_reason(cfg)
+    if reason is not None:
+        return reason
     families = sorted({m["family"] for m in corrupt_out.meta["sets"].values()})
     if len(families) < 2:
         return (f"the forecast is calibrated on corruption families held out one at a time, and this run has "
