@@ -44,7 +44,7 @@ class QuietPrefect(logging.Filter):
 
 
 class ConsoleFormatter(logging.Formatter):
-    """`12:03:41  fine-tune: computed in 1 min 33 s`; other levels keep their level and logger name."""
+    """`12:03:41  finetune: computed in 1 min 33 s`; other levels keep their level and logger name."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
@@ -81,6 +81,8 @@ def _corruption_words(cfg) -> str:
 
 def summary_table(summary: dict, cfg=None) -> str:
     """The run's result in a few rows: accuracy, and each paired difference with its 95% interval."""
+    if summary.get("labelled") is False:
+        return label_free_table(summary)
     clean, corrupted = summary.get("acc_clean"), summary.get("acc_corrupted")
     gains = summary.get("gains") or {}
     default = (summary.get("defense_gain") or {}).get("method")
@@ -123,6 +125,29 @@ def summary_table(summary: dict, cfg=None) -> str:
         from ttt_pipeline.reports.run import worst_case_table
 
         lines.append(worst_case_table(flat_metrics(summary), summary))
+    return "\n".join(lines)
+
+
+def _share(d: dict | None) -> str:
+    return "-" if d is None else f"{100 * d['share']:.1f}% [{100 * d['ci_low']:.1f}, {100 * d['ci_high']:.1f}]"
+
+
+def label_free_table(summary: dict) -> str:
+    """Unlabelled reviews (evaluation.unlabelled): per set, the predictions noise changed, and per defense the
+    share it changed and the share of those it restored, each with its Wilson interval."""
+    grid = summary["label_free"]
+    methods = list(dict.fromkeys(m for row in grid for m in row["defenses"]))
+    head = ["set", "changed (none)", *(f"{m}: {what}" for m in methods for what in ("changed", "restored"))]
+    rows = [[row["set"], _share(row["changed"]),
+             *(_share((row["defenses"].get(m) or {}).get(what)) for m in methods for what in ("changed", "restored"))]
+            for row in grid]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    pct = round(100 * summary["confidence"])
+    lines.append(f"({summary['n']} unlabelled reviews; predictions against each review's clean prediction under none, "
+                 f"{pct}% Wilson intervals; restored: of those none changed)")
+    if summary.get("forecast_note"):
+        lines.append(f"label-free drop forecast: {summary['forecast_note']}")
     return "\n".join(lines)
 
 

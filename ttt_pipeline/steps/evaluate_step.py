@@ -77,7 +77,7 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
         sets = test_sets(ds, corrupt_out, chosen, with_clean)
         rows, preds = grid.score_grid(grid.jobs(sets, cfg.ttt), model, tokenizer, cfg.ttt, cfg.evaluation,
                                       cfg.model.max_length, device,
-                                      grid.build_repairs(cfg.ttt, lambda: ds["train"]["text"]),
+                                      grid.build_repairs(cfg.ttt, lambda: training_texts(ds)),
                                       (lambda done, total: progress("evaluate", done, total, {})) if progress else None,
                                       amp=plain.dtype)
         samples = grid.samples(sets, preds, model.meta.label_names)
@@ -88,6 +88,12 @@ def evaluate(cfg: PipelineConfig, data: StepOutput, model_out: StepOutput, corru
                 "precision": plain.name, "precision_reason": plain.reason}
 
     return store.run("evaluate", inputs, guarded(cfg, "evaluate", build), version("evaluate"))
+
+
+def training_texts(ds) -> list[str]:
+    """The training reviews a repair may trust (spell's `train` vocabulary); none for unlabelled reviews
+    (data.label_column null), which have no train split."""
+    return list(ds["train"]["text"]) if "train" in ds else []
 
 
 def test_sets(ds, corrupt_out: StepOutput, chosen: list[str], with_clean: bool) -> list:
