@@ -208,7 +208,7 @@ def test_cli_commands_as_written(checkout):
     fill = {"RUN_ID": run_a, "RUN_A": run_a, "RUN_B": run_b}
     cmds = [c for c in readme_commands() if runs_here(c) and c.startswith(".venv/bin/ttt-pipeline ")
             and not c.startswith((".venv/bin/ttt-pipeline run ", ".venv/bin/ttt-pipeline evaluate "))]
-    assert len(cmds) == 4, cmds  # report, compare, reevaluate, predict
+    assert len(cmds) == 5, cmds  # report, compare, reevaluate, monitor, predict
     for cmd in cmds:
         filled = re.sub(r"\b(RUN_ID|RUN_A|RUN_B)\b", lambda m: fill[m.group(1)], cmd)
         proc = sh(filled, home)
@@ -216,6 +216,8 @@ def test_cli_commands_as_written(checkout):
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         if " reevaluate --json" in cmd:
             assert json.loads(proc.stdout.strip().splitlines()[-1])["verdict"] == "ok"  # the champion, re-scored
+        if " monitor " in cmd:  # nothing was served with capture on: an empty window, not an error
+            assert json.loads(proc.stdout.strip().splitlines()[-1])["verdict"] == "no_traffic"
         if " report " in cmd or " compare " in cmd:
             assert run_a[:8] in proc.stdout, proc.stdout[-1500:]
     rows = [json.loads(line) for line in (home / "predictions.jsonl").read_text().splitlines()]
@@ -291,7 +293,9 @@ def test_own_model_runs_as_written_in_an_empty_folder(tmp_path):
         assert f"predict --model models:/{name}@champion " in predict and serve.endswith(f" serve --model {name}")
         assert all(f"  {c}\n" in proc.stdout for c in summary["next_commands"])  # the terminal lists them too
         # the demo's test reviews were split off by the preset: said once, with the way to bring one's own
-        assert proc.stdout.count("split off by the preset") == 1 and "--set data.test_path=FILE" in proc.stdout
+        terminal = proc.stdout.strip().rsplit("\n", 1)[0]  # the lines before --json's
+        assert terminal.count("split off by the preset") == 1 and "--set data.test_path=FILE" in terminal
+        assert sum("split off by the preset" in note for note in summary["notes"]) == 1
         summaries.append(summary)
     assert " reevaluate --model path/to/hf-classifier --config demo" in summaries[0]["next_commands"][2]
     (home / "reviews.csv").write_text('text\nBattery died after two days.\n"Great sound, works well."\n')
