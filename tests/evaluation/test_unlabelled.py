@@ -122,7 +122,7 @@ def test_the_data_step_keeps_every_review_as_an_unlabelled_test_set(tmp_path):
     out = steps.download(_unlabelled_config(tmp_path), StepStore(tmp_path / "store"))
     ds, names = load_prepared(out.path)
     assert list(ds) == ["test"] and len(ds["test"]) == 30 and set(ds["test"]["label"]) == {NO_LABEL}
-    assert out.meta["labelled"] is False and out.meta["sizes"] == {"train": 0, "test": 30}
+    assert out.meta["labelled"] is False and out.meta["sizes"] == {"test": 30}
     assert out.meta["dropped_empty_text"] == 1 and out.meta["label_names"] == ["negative", "positive"]
     capped = steps.download(_unlabelled_config(tmp_path, "data.max_test_samples=12"), StepStore(tmp_path / "store"))
     again = steps.download(_unlabelled_config(tmp_path, "data.max_test_samples=12"), StepStore(tmp_path / "store"))

@@ -97,7 +97,7 @@ def log_import(tracker: Tracker, run_id: str, out: StepOutput, cfg, log_model: b
 
 
 def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: StepOutput | None = None) -> str:
-    """The fine-tuned classifier as an MLflow Model, output of the fine-tune run (`ttt_pipeline.io.mlflow_model`):
+    """The fine-tuned classifier as an MLflow Model, output of the finetune run (`ttt_pipeline.io.mlflow_model`):
     inference configuration = the run's recommended defense (`evaluation.default_defense`; `none` when it is
     null) with its ttt.* settings; spell's vocabulary = the training texts' words seen
     twice. Returns the model id."""
@@ -109,7 +109,9 @@ def log_classifier(tracker: Tracker, run_id: str, out: StepOutput, cfg, data: St
         from ttt_pipeline.data.prepare import load_prepared
         from ttt_pipeline.defenses.vocabulary import training_vocabulary
 
-        vocabulary = training_vocabulary(load_prepared(data.path)[0]["train"]["text"])
+        reviews = load_prepared(data.path)[0]
+        if "train" in reviews:  # unlabelled reviews (data.label_column null) have none: no training vocabulary
+            vocabulary = training_vocabulary(reviews["train"]["text"])
     model_id = log_classifier_model(tracker.client, run_id, Path(out.path) / "model",
                                     inference_config(cfg.ttt, cfg.evaluation.defense), vocabulary)
     tracker.tags(run_id, {"logged_model_id": model_id})
@@ -155,7 +157,7 @@ def evaluation_statistics(outs: list[StepOutput], results: dict, cfg, reference_
 
 
 def evaluated_model_id(tracker: Tracker, run_id: str) -> str | None:
-    """The MLflow Model an evaluate run scores: the one its pipeline run's fine-tune run logged (None when it
+    """The MLflow Model an evaluate run scores: the one its pipeline run's finetune run logged (None when it
     logged none). The headline is logged with that model id, so the logged models rank by it."""
     from ttt_pipeline.io.model_registry import find_model_run, logged_model_id
 
