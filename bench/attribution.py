@@ -1,6 +1,6 @@
 """TRAK attribution on real MDSD reviews: the `attribute` step's wall time, and TRAK's counterfactual check.
 
-1. The pipeline's steps for the preset (download, tokenise, fine-tune, corrupt, evaluate; served from the step
+1. The pipeline's steps for the preset (download, tokenise, finetune, corrupt, evaluate; served from the step
    store when cached, or given with --entry), then the `attribute` step itself, timed, in a fresh store entry
    (or served from the store with --reuse-step: the wall time stored with the entry is reported, with
    `step.cached: true`).
@@ -90,7 +90,7 @@ def pipeline_outputs(cfg, entries: list[Path]):
     else:
         tokens = steps.tokenise(cfg, data, store)
         ready = steps.stored("finetune", steps.finetune_inputs(cfg, tokens, data), store)
-        log(f"fine-tune ({'cached' if ready else 'training'})")
+        log(f"finetune ({'cached' if ready else 'training'})")
         model = steps.finetune(cfg, data, tokens, store)
     corrupted = given.get("corrupt") or steps.corrupt(cfg, data, store)
     if "evaluate" in given:

@@ -1,7 +1,7 @@
 """Throughput of `ttt-pipeline predict` on real MDSD electronics reviews, per defense.
 
 The model is a fine-tuned classifier folder (default: the newest MiniLM-L6 entry of the step store's
-fine-tune step, `.cache/finetune/*/model`), wrapped as the MLflow Model the fine-tune stage logs (with spell's
+finetune step, `.cache/finetune/*/model`), wrapped as the MLflow Model the finetune step logs (with spell's
 training vocabulary when the store still holds that model's download step). Each method runs the real command
 in a fresh process:
 

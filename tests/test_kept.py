@@ -26,6 +26,6 @@ def test_kept_lists_the_stored_steps_and_an_interrupted_finetunes_checkpoint(tmp
     assert steps.kept(cfg, store)[-1] == "tokenise"  # a state without its checkpoint resumes nothing
     (work / "last.pt").write_bytes(b"")
     steps.corrupt(cfg, data, store)
-    assert steps.kept(cfg, store) == ["download", "tokenise", "fine-tune's checkpoint after epoch 2 of 4", "corrupt"]
+    assert steps.kept(cfg, store) == ["download", "tokenise", "finetune's checkpoint after epoch 2 of 4", "corrupt"]
     other = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"lr": 1e-3})})
     assert steps.kept(other, store) == ["download", "tokenise", "corrupt"]  # another model's checkpoint is not ours

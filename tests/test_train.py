@@ -252,8 +252,8 @@ def test_activation_checkpointing_trains_the_same_weights_and_is_on_while_traini
 
     on = load_config(None, ["finetune.activation_checkpointing=true"])
     assert steps.finetune_inputs(on, Out(), Out()) == steps.finetune_inputs(load_config(None, []), Out(), Out())
-    assert "activation_checkpointing=true" in steps.memory_hint(load_config(None, []), "fine-tune")
-    assert "activation_checkpointing" not in steps.memory_hint(on, "fine-tune")
+    assert "activation_checkpointing=true" in steps.memory_hint(load_config(None, []), "finetune")
+    assert "activation_checkpointing" not in steps.memory_hint(on, "finetune")
     frozen = load_config(None, ["finetune.activation_checkpointing=true", "finetune.mode=frozen_encoder"])
     assert train._checkpointing(frozen.finetune) is False and train._checkpointing(on.finetune) is True
 
@@ -280,11 +280,11 @@ def test_attention_dropout_is_validated_and_keys_the_fine_tune_only_when_set(mon
     with pytest.raises(ConfigError, match="finetune.attention_dropout"):
         load_config(None, ["finetune.attention_dropout=1.5"])
     monkeypatch.setenv("TTT_CPU_NATIVE_BF16", "0")  # fp32: auto keeps the fused attention
-    assert "attention_dropout=0" in steps.memory_hint(PipelineConfig(), "fine-tune")
-    assert "attention_dropout" not in steps.memory_hint(on, "fine-tune")
+    assert "attention_dropout=0" in steps.memory_hint(PipelineConfig(), "finetune")
+    assert "attention_dropout" not in steps.memory_hint(on, "finetune")
     monkeypatch.setenv("TTT_CPU_NATIVE_BF16", "1")  # bf16: auto trains with eager attention, which keeps the scores
     assert "finetune.attention=sdpa" in steps.memory_hint(on.model_copy(update={"finetune": on.finetune.model_copy(
-        update={"device": "cpu"})}), "fine-tune")
+        update={"device": "cpu"})}), "finetune")
 
     class NoAttention(torch.nn.Module):
         encoder = torch.nn.Linear(2, 2)

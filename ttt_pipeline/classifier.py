@@ -310,7 +310,7 @@ def mlflow_model_parts(path: Path) -> tuple[Path, dict[str, Any]] | None:
         pyfunc = spec["flavors"]["python_function"]
     except (yaml.YAMLError, KeyError, TypeError):
         raise PipelineError(f"{path}: MLmodel has no python_function flavour",
-                            "give a model logged by ttt-pipeline (its fine-tune stage)") from None
+                            "give a model logged by ttt-pipeline (its finetune step)") from None
     if pyfunc.get("loader_module") not in (LOADER_MODULE, *OLD_LOADER_MODULES):
         raise PipelineError(f"{path}: an MLflow Model of another kind (loader {pyfunc.get('loader_module')!r})",
                             f"give a model logged by ttt-pipeline (loader {LOADER_MODULE})")
@@ -364,6 +364,6 @@ def load_local(path: Path, config: dict[str, Any] | None = None, device: str = "
     folder = model_folder(path)
     if folder is None:
         raise PipelineError(f"{path}: no classifier here (no MLmodel, no meta.json + head.safetensors)",
-                            "give the fine-tune step's model folder, an MLflow Model folder, a run id or "
+                            "give the finetune step's model folder, an MLflow Model folder, a run id or "
                             "models:/<name>@<alias>")
     return from_folder(folder, config, device, source=source or str(path))

@@ -55,7 +55,7 @@ def test_attribute_child_run_and_table(runs):
     parent = client.get_run(first["mlflow_run_id"])
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {c.info.run_name: c for c in children}
-    assert set(by_name) == {"download", "tokenise", "corrupt", "fine-tune", "evaluate", "attribute"}
+    assert set(by_name) == {"download", "tokenise", "corrupt", "finetune", "evaluate", "attribute"}
     attr = by_name["attribute"]
     assert attr.data.metrics["n_train"] > 0 and "n_targets" in attr.data.metrics
     names = {a.path for a in client.list_artifacts(attr.info.run_id)}

@@ -211,7 +211,7 @@ def test_config_section_is_validated_at_the_edge():
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory, tiny_bert_dir):
-    """download -> tokenise -> fine-tune and corrupt of the tiny configuration (no Prefect), and an evaluate
+    """download -> tokenise -> finetune and corrupt of the tiny configuration (no Prefect), and an evaluate
     output holding chosen predictions: the tiny random model predicts one class for every review, so it would
     flip nothing."""
     from tiny_config import tiny_config
@@ -306,7 +306,7 @@ def test_attribute_stage_is_logged_and_explained(upstream, monkeypatch, capsys):
     from ttt_pipeline import steps
     from ttt_pipeline.cli.main import main
     from ttt_pipeline.io.tracking import Tracker
-    from ttt_pipeline.tasks.step_tasks import log_stage_task
+    from ttt_pipeline.tasks.step_tasks import log_step_task
 
     cfg, store, data, model, corrupted, evaluation = upstream
     out = steps.attribute(cfg, data, model, corrupted, [evaluation], store)
@@ -314,7 +314,7 @@ def test_attribute_stage_is_logged_and_explained(upstream, monkeypatch, capsys):
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda rows, **kw: tables.append((rows, kw)))
     tracker = Tracker.from_config(cfg.tracking)
     parent = tracker.start("pipeline")
-    logged = log_stage_task.fn(cfg, "attribute", [out.to_dict()], parent, True)
+    logged = log_step_task.fn(cfg, "attribute", [out.to_dict()], parent, True)
     client = MlflowClient(tracker.uri)
     child = client.get_run(logged["run_id"])
     assert child.info.run_name == "attribute" and child.data.tags["mlflow.parentRunId"] == parent

@@ -2,7 +2,7 @@
 a real `mlflow server` on that run's store, both opened in headless Chromium.
 
 Checks: the MLflow run page (run, status, headline metrics, registry decision, child runs), its artifacts
-(the PNG plots under plots/), the fine-tune run's logged MLflow Model and that model's page, the registered
+(the PNG plots under plots/), the finetune run's logged MLflow Model and that model's page, the registered
 model and version with its `champion` alias, the Prefect flow-run page
 and the Prefect markdown (summary) and table (evaluation grid) artifacts. Screenshots are kept under
 test-output/screenshots/. Every server is stopped at the end and its port is checked closed.
@@ -221,7 +221,7 @@ def test_mlflow_run_page_shows_the_run_and_its_metrics(stack, browse):
                  size="1400,1700")  # tall enough for the metrics table
     assert "ui-run" in dom and s["mlflow_run_id"] in dom
     assert "Finished" in dom
-    for child in ("download", "tokenise", "corrupt", "fine-tune", "evaluate"):
+    for child in ("download", "tokenise", "corrupt", "finetune", "evaluate"):
         assert f">{child}<" in dom, child  # the child-run links
     for metric in ("acc_clean", "acc_corrupted", "acc_ttt", "registry.candidate_value"):
         assert metric in dom, metric
@@ -261,7 +261,7 @@ def test_mlflow_registry_shows_the_champion(stack, browse):
 
 
 def logged_model(stack) -> tuple[str, str]:
-    """(fine-tune run id, id of the MLflow Model it logged), read from the store the UI shows."""
+    """(finetune run id, id of the MLflow Model it logged), read from the store the UI shows."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{stack['tmp'] / 'mlflow.db'}")
@@ -286,7 +286,7 @@ def test_mlflow_logged_model_page_shows_the_registered_version(stack, browse):
     exp = stack["summary"]["experiment_id"]
     dom = browse(f"{stack['mlflow']}/#/experiments/{exp}/models/{model_id}", "mlflow-logged-model",
                  [model_id, "Model versions", MODEL_NAME], size="1400,1400")
-    assert model_id in dom and "Ready" in dom and "fine-tune" in dom  # status, source run
+    assert model_id in dom and "Ready" in dom and "finetune" in dom  # status, source run
     assert "Model versions" in dom and MODEL_NAME in dom  # the registered version (tag mlflow.modelVersions)
 
 
@@ -294,7 +294,7 @@ def test_mlflow_registered_version_has_the_alias_and_its_source(stack, browse):
     dom = browse(f"{stack['mlflow']}/#/models/{MODEL_NAME}/versions/1", "mlflow-model-version",
                  ["champion", "Version 1", "Schema"], size="1400,1200")
     assert "champion" in dom and "Version 1" in dom
-    assert "Source Run" in dom and "fine-tune" in dom and "Schema" in dom  # lineage and the model's signature
+    assert "Source Run" in dom and "finetune" in dom and "Schema" in dom  # lineage and the model's signature
 
 
 # ----------------------------------------------------------------------------- Prefect

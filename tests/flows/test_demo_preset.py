@@ -22,7 +22,7 @@ from ttt_pipeline.evaluation.stats import format_difference
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-STAGES = ("download", "tokenise", "corrupt", "fine-tune", "evaluate")
+STAGES = ("download", "tokenise", "corrupt", "finetune", "evaluate")
 
 
 @pytest.fixture(scope="module")

@@ -83,14 +83,14 @@ def test_mlflow_run_tree(runs):
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {c.info.run_name: c for c in children}
-    assert set(by_name) == {"download", "tokenise", "corrupt", "fine-tune", "evaluate"}
+    assert set(by_name) == {"download", "tokenise", "corrupt", "finetune", "evaluate"}
     ev = by_name["evaluate"].data.metrics
     # 3 sets of (tutorial 1 severity + keyboard 2 severities) + clean, each without and with TTT
     for name in ("acc/clean/none", "acc/clean/ttt", "acc/tutorial/1/none", "acc/tutorial/1/ttt",
                  "acc/keyboard/1/none", "acc/keyboard/3/ttt"):
         assert 0.0 <= ev[name] <= 1.0, name
     assert ev["acc_clean"] == pytest.approx(first["acc_clean"])
-    ft = by_name["fine-tune"]
+    ft = by_name["finetune"]
     history = client.get_metric_history(ft.info.run_id, "val_acc")
     assert [m.step for m in history] == [1, 2]
     assert "history.json" in {f.path for f in client.list_artifacts(ft.info.run_id)}
@@ -135,7 +135,7 @@ def test_cli_json_contract(runs, tiny_bert_dir, tmp_path):
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("corrupted, masked_ttt")]
     assert line and line[0].endswith(format_difference(first["ttt_gain"]))
     # the terminal names every stage, cached or computed; Prefect's per-task lifecycle lines are gone
-    for stage in ("download", "tokenise", "corrupt", "fine-tune", "evaluate"):
+    for stage in ("download", "tokenise", "corrupt", "finetune", "evaluate"):
         assert f"{stage}: cached (served from the store) in " in proc.stderr, proc.stderr[-3000:]
     assert "Finished in state Completed()" not in proc.stderr
 
@@ -182,5 +182,5 @@ def test_attribution_off_adds_nothing(runs):
     tests/attribution/test_flow.py); the run-tree test above checks the five child runs."""
     _, cfg, first, second, _ = runs
     assert cfg.attribution.enabled is False
-    assert set(first["cached"]) == set(second["cached"]) == {"download", "tokenise", "corrupt", "fine-tune", "evaluate"}
+    assert set(first["cached"]) == set(second["cached"]) == {"download", "tokenise", "corrupt", "finetune", "evaluate"}
     assert not (Path(cfg.store) / "attribute").exists()

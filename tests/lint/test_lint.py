@@ -54,7 +54,7 @@ def test_the_tree_keeps_every_contract(tmp_path):
     ("ttt_pipeline/io/runs.py", "import ttt_pipeline.flows.pipeline  # noqa", "The side-effect layer (io) never imports"),
     ("ttt_pipeline/defenses/tent.py", "from ttt_pipeline.defenses import spell  # noqa", "Defenses are independent"),
     ("ttt_pipeline/modeling/train.py", "from ttt_pipeline.defenses import base  # noqa", "Inside the core"),
-    ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> library"),
+    ("ttt_pipeline/tasks/progress.py", "import ttt_pipeline.flows.pipeline  # noqa", "cli -> flows -> tasks -> events -> library"),
     ("ttt_pipeline/reports/run.py", "import argparse  # noqa", "Only the command line (cli) parses arguments"),
     ("ttt_pipeline/io/nights.py", "import ttt_pipeline.events  # noqa", "The side-effect layer (io) never imports"),
     ("ttt_pipeline/nightly.py", "import ttt_pipeline.io.nights  # noqa", "The pure core imports"),

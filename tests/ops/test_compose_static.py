@@ -143,11 +143,11 @@ def _deployments() -> dict:
 def test_prefect_yaml():
     doc = load("prefect.yaml")
     deps = _deployments()
-    assert set(deps) == {"ttt-pipeline", "evaluate-model", "fine-tune-gpu", "evaluate-gpu", "nightly-reevaluation",
+    assert set(deps) == {"ttt-pipeline", "evaluate-model", "finetune-gpu", "evaluate-gpu", "nightly-reevaluation",
                          "traffic-monitor"}
     for name in ("ttt-pipeline", "evaluate-model"):
         assert deps[name]["work_pool"]["name"] == "cpu" and not deps[name]["schedules"], name
-    assert deps["fine-tune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"
+    assert deps["finetune-gpu"]["work_pool"]["name"] == deps["evaluate-gpu"]["work_pool"]["name"] == "gpu"
     for d in deps.values():
         assert ":" not in d["entrypoint"]  # module paths: imported from the installed package
     assert doc["pull"] == [{"ttt_pipeline.flows.gpu_pool.enter_pipeline_home": {}}]
@@ -262,7 +262,7 @@ def test_serve_script_parses():
 
 
 def test_serve_shares_make_runs_prefect_home(tmp_path):
-    """`make run` records into PREFECT_HOME, else Prefect's ~/.prefect; `make serve` must serve that database."""
+    """`make run` records into PREFECT_HOME, else Prefect's ~/.prefect; `make servers` must serve that database."""
     script = (REPO / "scripts" / "serve.sh").read_text()
     assert "PREFECT_HOME" not in (REPO / "Makefile").read_text()
     line = next(x for x in script.splitlines() if x.startswith("export PREFECT_HOME="))

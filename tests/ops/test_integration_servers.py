@@ -104,7 +104,7 @@ def _logs(stack, name: str) -> str:
     return (stack["run"] / f"{name}.log").read_text(errors="replace")
 
 
-def test_pipeline_completes_with_heavy_stages_on_the_gpu_pool(pipeline_run):
+def test_pipeline_completes_with_heavy_steps_on_the_gpu_pool(pipeline_run):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     fr = pipeline_run["flow_run"]
@@ -113,12 +113,12 @@ def test_pipeline_completes_with_heavy_stages_on_the_gpu_pool(pipeline_run):
     assert str(fr.id) in _logs(pipeline_run, "worker-cpu")
     with _client(pipeline_run) as c:
         heavy = c.read_flow_runs(deployment_filter=DeploymentFilter(
-            name=DeploymentFilterName(any_=["fine-tune-gpu", "evaluate-gpu"])))
+            name=DeploymentFilterName(any_=["finetune-gpu", "evaluate-gpu"])))
         by_flow = {}
         for r in heavy:
             by_flow.setdefault(c.read_flow(r.flow_id).name, []).append(r)
         parents = {c.read_task_run(r.parent_task_run_id).flow_run_id for r in heavy if r.parent_task_run_id}
-    assert len(by_flow["fine-tune"]) == 1
+    assert len(by_flow["finetune"]) == 1
     assert sorted(r.name for r in by_flow["evaluate"]) == ["evaluate-clean", "evaluate-tutorial"]  # fan-out
     gpu_log = _logs(pipeline_run, "worker-gpu")
     for r in heavy:
@@ -142,20 +142,20 @@ def test_mlflow_holds_the_run_tree(pipeline_run):
     assert parent.data.params["execution.mode"] == "deployments"
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {c.info.run_name: c for c in children}
-    assert {"download", "tokenise", "corrupt", "fine-tune", "evaluate"} <= set(by_name)
+    assert {"download", "tokenise", "corrupt", "finetune", "evaluate"} <= set(by_name)
     assert all(c.info.status == "FINISHED" for c in children)
     ev = by_name["evaluate"].data.metrics
     for k in ("acc/clean/none", "acc/clean/ttt", "acc/tutorial/3/none", "acc/tutorial/3/ttt"):
         assert 0.0 <= ev[k] <= 1.0, k
     assert parent.data.metrics["acc_ttt"] == pytest.approx(ev["acc_ttt"])
-    assert client.get_run(by_name["fine-tune"].info.run_id).outputs.model_outputs  # the MLflow Model
+    assert client.get_run(by_name["finetune"].info.run_id).outputs.model_outputs  # the MLflow Model
 
 
 def test_deployments_as_the_api_returns_them(deployed):
     with _client(deployed) as c:
         nightly = c.read_deployment_by_name("nightly-reevaluation/nightly-reevaluation")
         pipeline = c.read_deployment_by_name("ttt-pipeline/ttt-pipeline")
-        ft = c.read_deployment_by_name("fine-tune/fine-tune-gpu")
+        ft = c.read_deployment_by_name("finetune/finetune-gpu")
         ev = c.read_deployment_by_name("evaluate/evaluate-gpu")
         brought = c.read_deployment_by_name("evaluate-model/evaluate-model")
     assert len(nightly.schedules) == 1

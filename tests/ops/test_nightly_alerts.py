@@ -99,7 +99,7 @@ def _champion(tmp: Path, tiny_bert_dir: Path) -> dict:
     model, tok = build_classifier(cfg.model, cfg.data.label_names)
     save_model(model, tok, tmp / "model")
     tracker = Tracker.from_config(cfg.tracking)
-    run_id = tracker.start("fine-tune")
+    run_id = tracker.start("finetune")
     tracker.artifact(run_id, tmp / "model", "model")
     tracker.end(run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)

@@ -36,7 +36,7 @@ def setup(tmp_path_factory, tiny_bert_dir):
     model, tok = build_classifier(cfg.model, cfg.data.label_names)
     save_model(model, tok, tmp / "model")
     tracker = Tracker.from_config(cfg.tracking)
-    run_id = tracker.start("fine-tune")
+    run_id = tracker.start("finetune")
     tracker.artifact(run_id, tmp / "model", "model")
     tracker.end(run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)
@@ -313,8 +313,8 @@ def test_training_predictions_read_the_champions_pipeline_run(monkeypatch):
 
     monkeypatch.setattr("ttt_pipeline.io.runs.run_predictions", lambda client, run: ("predictions", run.info.run_id))
     tracker = SimpleNamespace(client=Client())
-    assert reevaluate.training_predictions(tracker, SimpleNamespace(tags={}, run_id="fine-tune-1")) == (
+    assert reevaluate.training_predictions(tracker, SimpleNamespace(tags={}, run_id="finetune-1")) == (
         "predictions", "pipeline-1")
-    assert calls == ["fine-tune-1", "pipeline-1"]
-    tagged = SimpleNamespace(tags={"parent_run_id": "pipeline-2"}, run_id="fine-tune-2")
+    assert calls == ["finetune-1", "pipeline-1"]
+    tagged = SimpleNamespace(tags={"parent_run_id": "pipeline-2"}, run_id="finetune-2")
     assert reevaluate.training_predictions(tracker, tagged) == ("predictions", "pipeline-2")

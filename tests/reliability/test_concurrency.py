@@ -1,5 +1,5 @@
 """Two runs of the same config at once, on one store, one MLflow database and one Prefect home: both finish
-with the same figures, the fine-tune step is built once (the second run waits on the step's lock and reuses
+with the same figures, the finetune step is built once (the second run waits on the step's lock and reuses
 it), and the cache holds only complete, verified entries."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_two_runs_at_once_share_the_cache_safely(tmp_path, tiny_bert_dir):
     for k in HEADLINE:
         assert a[k] == b[k], k
     assert a["model_path"] == b["model_path"]
-    assert sorted([a["cached"]["fine-tune"], b["cached"]["fine-tune"]]) == [False, True], "built exactly once"
+    assert sorted([a["cached"]["finetune"], b["cached"]["finetune"]]) == [False, True], "built exactly once"
     assert a["mlflow_run_id"] != b["mlflow_run_id"]  # two tracked runs, neither lost
 
     store = StepStore(cfg["store"])

@@ -98,7 +98,7 @@ def _kill_rerun_compare(run_dir: Path, cfg: dict, reference: threading.Thread, r
     second = run_cli(run_dir, cfg, "--json", timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     summary = second.summary
-    assert summary["cached"]["fine-tune"] is False and summary["cached"]["download"] is True
+    assert summary["cached"]["finetune"] is False and summary["cached"]["download"] is True
     entry = _finetune_entry(run_dir / "store")
     meta = json.loads((entry / MANIFEST).read_text())["meta"]
     assert meta["resumed_from_epoch"] >= 1 and meta["epochs_run"] == 3
@@ -186,6 +186,6 @@ def test_sigterm_mid_finetune_ends_within_10_s_with_one_line_then_the_same_comma
 
     second = run_cli(tmp_path, cfg, "--json", timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.summary["cached"]["download"] is True and second.summary["cached"]["fine-tune"] is False
+    assert second.summary["cached"]["download"] is True and second.summary["cached"]["finetune"] is False
     meta = json.loads((_finetune_entry(tmp_path / "store") / MANIFEST).read_text())["meta"]
     assert meta["resumed_from_epoch"] >= 1 and meta["epochs_run"] == 3

@@ -18,8 +18,8 @@ THRESHOLD = "MALLOC_MMAP_THRESHOLD_=4194304"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the hint names glibc's variable on Linux only")
-@pytest.mark.parametrize("stage", ["fine-tune", "evaluate"])
-def test_the_memory_hints_of_the_heavy_stages_name_the_threshold(stage):
+@pytest.mark.parametrize("stage", ["finetune", "evaluate"])
+def test_the_memory_hints_of_the_heavy_steps_name_the_threshold(stage):
     assert THRESHOLD in steps.memory_hint(load_config("demo", []), stage)
 
 

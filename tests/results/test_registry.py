@@ -27,7 +27,7 @@ def fake_pipeline_run(tracker: Tracker, tmp_path, acc_ttt: float | None, with_mo
     parent = tracker.start("pipeline")
     if acc_ttt is not None:
         tracker.metrics(parent, {"acc_ttt": acc_ttt, "acc_clean": 0.9})
-    child = tracker.start("fine-tune", tags={"stage": "finetune"}, parent=parent)
+    child = tracker.start("finetune", tags={"stage": "finetune"}, parent=parent)
     if with_model:
         model = tmp_path / f"model-{parent}"
         (model / "encoder").mkdir(parents=True)
@@ -85,7 +85,7 @@ def test_champion_moves_only_to_a_strictly_better_run(tracker, tmp_path, NAME):
     assert run4.tags["registry.decision"] == "promoted" and run4.metrics["registry.promoted"] == 1.0
     assert "0.6250 > champion v1 0.5000" in run4.tags["registry.reason"]
 
-    # versions point at the fine-tune run's model artifact, with the decision on the version
+    # versions point at the finetune run's model artifact, with the decision on the version
     mv = client.get_model_version(NAME, "4")
     ft = client.get_run(mv.run_id)
     assert ft.data.tags["mlflow.parentRunId"] == r4
@@ -158,9 +158,9 @@ def test_flow_registers_both_runs_and_the_better_is_champion(two_runs):
     assert registry.champion_run_id(client, name) == better["mlflow_run_id"]
     holder = client.get_model_version_by_alias(name, "champion")
     assert str(holder.version) == ("2" if better is b else "1")
-    # the version is the MLflow Model the fine-tune child run logged
+    # the version is the MLflow Model the finetune child run logged
     ft = client.get_run(holder.run_id)
-    assert ft.data.tags["mlflow.parentRunId"] == better["mlflow_run_id"] and ft.info.run_name == "fine-tune"
+    assert ft.data.tags["mlflow.parentRunId"] == better["mlflow_run_id"] and ft.info.run_name == "finetune"
     [output] = ft.outputs.model_outputs
     assert holder.source == client.get_logged_model(output.model_id).artifact_location
     files = {f.path for f in client.list_logged_model_artifacts(output.model_id, "data/model")}
@@ -179,7 +179,7 @@ def test_flow_logs_plots_on_stage_and_parent_runs(two_runs):
     children = {c.info.run_name: c.info.run_id for c in client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     listed = lambda rid: {f.path.split("/")[-1] for f in client.list_artifacts(rid, "plots")}  # noqa: E731
-    assert listed(children["fine-tune"]) == set(plots.FINETUNE_PLOTS)
+    assert listed(children["finetune"]) == set(plots.FINETUNE_PLOTS)
     assert listed(children["evaluate"]) == set(plots.EVALUATION_PLOTS)
     assert listed(parent.info.run_id) == set(plots.FINETUNE_PLOTS) | set(plots.EVALUATION_PLOTS)
     assert "sample_predictions.json" in {f.path for f in client.list_artifacts(children["evaluate"])}

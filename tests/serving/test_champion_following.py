@@ -91,7 +91,7 @@ def _pipeline_run(client, experiment_id: str, folder: Path, value: float) -> str
 
     parent = client.create_run(experiment_id, run_name="pipeline")
     client.log_metric(parent.info.run_id, "acc_ttt", value)
-    child = client.create_run(experiment_id, run_name="fine-tune",
+    child = client.create_run(experiment_id, run_name="finetune",
                               tags={"mlflow.parentRunId": parent.info.run_id, "stage": "finetune"})
     log_classifier_model(client, child.info.run_id, folder, {"method": "none"})
     for run in (child, parent):

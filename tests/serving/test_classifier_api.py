@@ -214,7 +214,7 @@ def registered(tiny_model_dir, tmp_path_factory):
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "serving", str(tmp / "mlruns"))
     parent = tracker.start("pipeline")
     tracker.metrics(parent, {"acc_ttt": 0.5})
-    child = tracker.start("fine-tune", tags={"stage": "finetune"}, parent=parent)
+    child = tracker.start("finetune", tags={"stage": "finetune"}, parent=parent)
     model_id = log_classifier_model(tracker.client, child, tiny_model_dir, inference_config(method="none"),
                                     {"sennheiser": 4})
     tracker.end(child)

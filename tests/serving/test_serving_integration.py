@@ -76,7 +76,7 @@ def test_the_run_logged_and_registered_an_mlflow_model(pipeline):
     client = MlflowClient(pipeline["uri"])
     mv = client.get_model_version_by_alias(NAME, "champion")
     ft = client.get_run(mv.run_id)
-    assert ft.info.run_name == "fine-tune"
+    assert ft.info.run_name == "finetune"
     assert ft.data.tags["mlflow.parentRunId"] == pipeline["summary"]["mlflow_run_id"]
     [output] = ft.outputs.model_outputs
     lm = client.get_logged_model(output.model_id)

@@ -102,7 +102,7 @@ def _server() -> None:
 
     if not PREFECT_API_URL.value():
         raise ConfigError("PREFECT_API_URL is not set: the automations need the Prefect server the nightly runs on",
-                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (after `make serve`: source .run/env)")
+                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (after `make servers`: source .run/env)")
 
 
 def cmd_apply(args) -> int:

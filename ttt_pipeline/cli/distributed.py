@@ -16,7 +16,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ttt_pipeline.cli.distributed", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("finetune", help="the fine-tune step of JOB.json (config, data, tokens) on every rank")
+    f = sub.add_parser("finetune", help="the finetune step of JOB.json (config, data, tokens) on every rank")
     f.add_argument("job", type=Path)
     f.add_argument("--dump-weights", type=Path, default=None,
                    help="diagnostics: each rank saves its final weights and batch count to DIR/rank<R>.pt")

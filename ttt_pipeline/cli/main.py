@@ -84,10 +84,10 @@ def preflight(cfg) -> bool:
     return not (download or steps.download(cfg, store)).cached
 
 
-def preflight_model(cfg) -> None:
+def preflight_model(cfg):
     """`evaluate`'s checks before Prefect starts: the data, MLflow, then the model itself, imported into the store
     (its folder, head, tokenizer, labels against the data's, MLM head): a bad model fails in seconds with nothing
-    written to MLflow, and the flow's import task finds the entry made here."""
+    written to MLflow, and the flow's import task finds the entry made here. Returns the download step's output."""
     from ttt_pipeline import steps
     from ttt_pipeline.io.model_source import fetched
     from ttt_pipeline.io.tracking import Tracker
@@ -99,6 +99,7 @@ def preflight_model(cfg) -> None:
     with fetched(cfg.model.classifier, cfg.tracking.tracking_uri) as source:
         model = steps.import_model(cfg, data, source, store)
     steps.evaluated_config(cfg, model)  # a default defense the model cannot run stops here
+    return data
 
 
 def start_prefect_server() -> None:
@@ -137,14 +138,16 @@ def cmd_run(args) -> int:
         from ttt_pipeline.flows.pipeline import ttt_pipeline
 
         summary = ttt_pipeline(config=cfg)
-    _print_summary(summary, cfg, args.json, " (download prepared by this run's input check)" if download_built else "")
+    _print_summary(summary, cfg, args, " (download prepared by this run's input check)" if download_built else "")
     return 0
 
 
-def _print_summary(summary: dict, cfg, as_json: bool, cached_note: str = "") -> None:
+def _print_summary(summary: dict, cfg, args, cached_note: str = "") -> None:
     """The run's table (the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every
-    difference), its notes, cache hits, MLflow run and UI commands; with `as_json`, the summary as the last line."""
+    difference), its notes, cache hits, MLflow run and UI commands, then the registered model and the commands to
+    use it next (`next_commands`); with `args.json`, the summary as the last line."""
     from ttt_pipeline.cli.console import summary_table, ui_lines
+    from ttt_pipeline.cli.next_steps import next_commands, next_lines, rerun_arguments
     from ttt_pipeline.reports.run import run_link
 
     print("\n" + summary_table(summary, cfg))
@@ -154,9 +157,30 @@ def _print_summary(summary: dict, cfg, as_json: bool, cached_note: str = "") -> 
     print(f"cached tasks: {tasks}{cached_note}   wall time: {summary['wall_s']:.1f} s")
     print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
           f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
-    if as_json:
+    again = rerun_arguments(getattr(args, "model", None), args.config, args.set)
+    summary["next_commands"] = next_commands(summary.get("registry"), again, _tracking_flag(summary),
+                                             _program())
+    print(next_lines(summary.get("registry"), summary["next_commands"]))
+    if args.json:
         sys.stdout.flush()
         print(json.dumps(summary, default=str))
+
+
+def _tracking_flag(summary: dict) -> list[str]:
+    """`--tracking-uri URI` for predict and serve where the run's MLflow store is not the one they open by default
+    in this shell ($TTT_TRACKING_URI, $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)."""
+    from ttt_pipeline.io.client import default_tracking_uri
+    from ttt_pipeline.io.tracking import resolve_uri
+
+    uri = summary["mlflow_tracking_uri"]
+    return [] if resolve_uri(default_tracking_uri()) == resolve_uri(uri) else ["--tracking-uri", uri]
+
+
+def _program() -> str:
+    """`ttt-pipeline` as this environment has it (.venv/bin/ttt-pipeline), the way the UI lines spell mlflow."""
+    from ttt_pipeline.cli.console import _bin
+
+    return _bin("ttt-pipeline")
 
 
 def cmd_evaluate(args) -> int:
@@ -177,13 +201,17 @@ def cmd_evaluate(args) -> int:
     setup_run_logging()
     with StopOnSignal(cfg):
         _say(f"checking the configuration, the data ({cfg.data.path}), MLflow and the model ({cfg.model.classifier})")
-        preflight_model(cfg)
+        data = preflight_model(cfg)
         _say("starting Prefect (a temporary local server unless PREFECT_API_URL names one)")
         start_prefect_server()
         from ttt_pipeline.flows.evaluate_model import evaluate_model
 
         summary = evaluate_model(config=cfg)
-    _print_summary(summary, cfg, args.json)
+    from ttt_pipeline.cli.next_steps import overlap_note
+
+    note = overlap_note(cfg.data, data.meta.get("test_from"), data.meta.get("sizes", {}).get("test"))
+    summary["notes"] = [*(summary.get("notes") or []), *([note] if note else [])]  # said once, in the summary
+    _print_summary(summary, cfg, args)
     return 0
 
 
@@ -273,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run the whole pipeline (download, tokenise, fine-tune, corrupt, evaluate)")
+    r = sub.add_parser("run", help="run the whole pipeline (download, tokenise, finetune, corrupt, evaluate)")
     r.add_argument("--config", default="demo", help=_config_help("the data, model, training, corruptions and "
                                                                 "defenses"))
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. finetune.epochs=2")
@@ -286,13 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "defenses, intervals and MLflow run as `run`")
     e.add_argument("--model", default=None, metavar="MODEL", help="a Hugging Face sequence-classification folder, "
                    "models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/model or a hub id (model.classifier)")
-    e.add_argument("--config", default="demo", help=_config_help("the data, corruptions and defenses"))
+    e.add_argument("--config", default="demo", help=_config_help("the data, corruptions and defenses; each "
+                                                                 "preset's task, labels and data: below"))
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. 'model.label_map={LABEL_0: negative, LABEL_1: positive}' or "
                    "ttt.mlm_from=bert-base-uncased")
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     e.set_defaults(fn=cmd_evaluate)
+    from ttt_pipeline.cli.preset_help import add_presets_table
+
+    add_presets_table(e)
 
     n = sub.add_parser("reevaluate", help="re-evaluate the registered champion now (the nightly flow): verdict "
                        "ok / regression / no_champion")

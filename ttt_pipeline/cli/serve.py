@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 DEFAULT_MODEL = "ttt-demo-reviews-negative-positive"
+CHAMPION = "champion"
 # With events, a look at the alias this often anyway: an event lost while the subscription was (re)connecting (on a
 # busy machine an event emitted soon after `serve` started has reached no subscriber), or an alias moved with MLflow's
 # own client (no event), is picked up within this time: one small registry request each 30 s.
@@ -69,18 +70,21 @@ def cmd_serve(args) -> int:
     monitoring = _monitoring(args)
     client, uri = client_for(args.tracking_uri)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="ttt-serve-"))
-    server = ChampionServer(client, args.model, uri, log_dir, ready_timeout_s=args.ready_timeout_s,
-                            monitoring=monitoring)
+    name, alias = model_and_alias(args.model, args.alias)
+    server = ChampionServer(client, name, uri, log_dir, ready_timeout_s=args.ready_timeout_s,
+                            monitoring=monitoring, alias=alias)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop`, a supervisor: stop the model servers too
     try:
         front = server.start(args.host, args.port)
-        mode = _follow_mode(args.follow)
+        # a user's own alias moving sends no event (only a champion promotion does): it is polled
+        mode = _follow_mode(args.follow) if alias == CHAMPION or args.follow in ("poll", "off") else "poll"
         captured = (f"traffic captured into {monitoring.traffic_uri}" + ("" if monitoring.store_text else
                                                                          " without texts")
                     if monitoring.capture else "no traffic captured")
-        print(f"serve: {args.model} v{front.backend.version} from {uri} on http://{args.host}:{args.port} "
-              f"(POST /invocations, GET /ping; follows the champion: {mode}; {captured}; back-end logs in {log_dir})",
+        followed = "the champion" if alias == CHAMPION else f"the alias {alias}"
+        print(f"serve: {name} v{front.backend.version} from {uri} on http://{args.host}:{args.port} "
+              f"(POST /invocations, GET /ping; follows {followed}: {mode}; {captured}; back-end logs in {log_dir})",
               flush=True)
         _start_following(server, mode, args.poll_s, stop)
         stop.wait()
@@ -102,6 +106,19 @@ def _monitoring(args):
     return monitoring.model_copy(update={"traffic_uri": traffic_location(monitoring.traffic_uri)})
 
 
+def model_and_alias(model: str, alias: str) -> tuple[str, str]:
+    """(registered model, alias) from --model NAME (with --alias) or --model models:/NAME@ALIAS."""
+    from ttt_pipeline.errors import ConfigError
+
+    if not model.startswith("models:/"):
+        return model, alias
+    name, at, given = model[len("models:/"):].partition("@")
+    if not at or not name or not given or "/" in name:
+        raise ConfigError(f"--model {model}: serve follows an alias, models:/NAME@ALIAS (or NAME with --alias)",
+                          "a fixed version is served by `mlflow models serve -m models:/NAME/VERSION`")
+    return name, given
+
+
 def cmd_promote(args) -> int:
     from ttt_pipeline.events import promote_by_hand
 
@@ -117,7 +134,10 @@ def add_commands(subparsers) -> None:
                               "champion when the alias moves, without a failed request",
                               description=__doc__.split("\n\n")[0])
     s.add_argument("--model", default=os.environ.get("TTT_SERVE_MODEL", DEFAULT_MODEL), metavar="NAME",
-                   help="registered model name (ttt-<task>-<labels>; default $TTT_SERVE_MODEL, else the demo's)")
+                   help="registered model name (ttt-<task>-<labels>; default $TTT_SERVE_MODEL, else the demo's), or "
+                   "models:/NAME@ALIAS to follow an alias of your own")
+    s.add_argument("--alias", default=CHAMPION, help="the alias followed (default: champion; e.g. prod for your "
+                   "own registered model)")
     s.add_argument("--tracking-uri", default=None, help="MLflow tracking/registry URI (default $TTT_TRACKING_URI, "
                    "else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     s.add_argument("--host", default=os.environ.get("TTT_HOST", "127.0.0.1"), help="address to listen on")

@@ -36,7 +36,11 @@ class DataConfig(Section):
         None, description="Optional separate test source (same forms as path); else a split of path."
     )
     text_column: str = Field("text", description="Column holding the review text.")
-    label_column: str = Field("rating", description="Column holding the label (int, float or string).")
+    label_column: str | None = Field(
+        "rating", description="Column holding the label (int, float or string). null: the reviews are unlabelled "
+        "(`evaluate --model` only): every review of path is scored, without accuracy, by how often noise changes "
+        "the model's prediction and how often each defense restores it; data.label_names then names the model's "
+        "classes.")
     group_column: str | None = Field(
         None, description="Column whose value keeps rows together (a movie, a product, an author): rows sharing a "
         "value, or sharing their text, stay on one side of every split of path (test and validation), so no group "
@@ -92,6 +96,22 @@ class DataConfig(Section):
                 raise ValueError(f"label_map key {key!r} is not a label value")
             out[k] = None if name is None else str(name)
         return out
+
+    @model_validator(mode="after")
+    def _unlabelled(self) -> "DataConfig":
+        """Unlabelled reviews (label_column null) are one set, scored by a model whose classes label_names names."""
+        if self.label_column is not None:
+            return self
+        if not self.label_names:
+            raise ValueError("unlabelled reviews (label_column null) take the model's classes from label_names: set "
+                             "data.label_names to the model's labels, in its order")
+        labelled_only = {"label_map": self.label_map, "test_path": self.test_path, "shift": self.shift or None,
+                         "group_column": self.group_column}
+        used = [k for k, v in labelled_only.items() if v is not None]
+        if used:
+            raise ValueError(f"{', '.join(used)} read labels or split labelled reviews, and label_column is null "
+                             f"(unlabelled reviews): set {', '.join(f'data.{k}' for k in used)} to null")
+        return self
 
     @model_validator(mode="after")
     def _distinct_columns(self) -> "DataConfig":
@@ -431,8 +451,8 @@ class ExecutionConfig(Section):
     mode: Literal["local", "deployments"] = Field(
         "local", description="local: every task in this process; deployments: fine-tune and evaluation run "
         "as deployments on the GPU work pool (run_deployment), the grid fanned out per corruption family.")
-    gpu_pool: str = Field("gpu", description="Work pool of the heavy stages.")
-    finetune_deployment: str = Field("fine-tune/fine-tune-gpu", description="flow-name/deployment-name")
+    gpu_pool: str = Field("gpu", description="Work pool of the heavy steps.")
+    finetune_deployment: str = Field("finetune/finetune-gpu", description="flow-name/deployment-name")
     evaluate_deployment: str = Field("evaluate/evaluate-gpu", description="flow-name/deployment-name")
     timeout_s: int = Field(6 * 3600, ge=60, description="How long to wait for a heavy deployment run.")
 
@@ -584,7 +604,7 @@ class PipelineConfig(Section):
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="MLflow tracking URI, artifact root, experiment, run name.")
     execution: ExecutionConfig = Field(
-        default_factory=ExecutionConfig, description="In-process, or the heavy stages as deployments on the GPU "
+        default_factory=ExecutionConfig, description="In-process, or the heavy steps as deployments on the GPU "
         "work pool.")
     registry: RegistryConfig = Field(
         default_factory=RegistryConfig, description="MLflow model registry name and the metric that decides the "

@@ -21,17 +21,21 @@ from ttt_pipeline.data.splits import group_ids, grouped_split, stratified_cap, s
 from ttt_pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
+UNLABELLED = "<unlabelled>"  # the label of every row while data.label_column is null (no row is dropped for it)
+NO_LABEL = -1  # an unlabelled review's stored label: no class
 
 
 def _columns(frame: pd.DataFrame, cfg, where: str, grouped: bool = False) -> pd.DataFrame:
     """`text` and `label` (and `group`, the data.group_column, when `grouped`) from the source's columns."""
     have = ", ".join(_printable(str(c)) for c in list(frame.columns)[:12])
-    missing = [c for c in (cfg.text_column, cfg.label_column) if c not in frame.columns]
+    wanted = (cfg.text_column,) if cfg.label_column is None else (cfg.text_column, cfg.label_column)
+    missing = [c for c in wanted if c not in frame.columns]
     if missing:
         which = "text_column" if cfg.text_column in missing else "label_column"
         raise DataError(f"{where}: column(s) {missing} not found (columns: {have})",
                         f"set data.{which} to one of the columns, e.g. --set data.{which}=<name>")
-    out = pd.DataFrame({"text": frame[cfg.text_column], "label": frame[cfg.label_column]})
+    labels = UNLABELLED if cfg.label_column is None else frame[cfg.label_column]
+    out = pd.DataFrame({"text": frame[cfg.text_column], "label": labels})
     if grouped:
         if cfg.group_column not in frame.columns:
             raise DataError(f"{where}: column '{_printable(str(cfg.group_column))}' (data.group_column) not found "
@@ -157,6 +161,11 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
     stats: dict = {}
     frames, raw_digest = _frames(cfg.path, cfg, raw_dir, stats, grouped=cfg.group_column is not None)
     frames = _normalise_split_names(frames)
+    if cfg.label_column is None:
+        return _prepare_unlabelled(cfg, frames, out_dir, raw_digest, stats)
+    # where the test reviews come from: data.test_path, the source's own test split, or split off here (then a
+    # model trained elsewhere on the same source may have seen them: `evaluate --model` says so)
+    test_from = "test_path" if cfg.test_path else ("source" if "test" in frames else "split")
     if cfg.test_path:
         test_frames, _ = _frames(cfg.test_path, cfg, raw_dir, stats)
         frames = {"train": pd.concat(list(frames.values()) if "train" not in frames else [frames["train"]]),
@@ -207,6 +216,7 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
         "label_names": names,
         "num_labels": len(names),
         "sizes": {s: len(f) for s, f in keep_splits.items()},
+        "test_from": test_from,
         "class_counts": counts,
         "content_digest": content_digest(keep_splits, names),
         "raw_digest": raw_digest,
@@ -214,6 +224,28 @@ def prepare_dataset(cfg, out_dir: Path, raw_dir: Path) -> dict:
            if cfg.group_column else {}),
         **stats,
     }
+
+
+def _prepare_unlabelled(cfg, frames: dict[str, pd.DataFrame], out_dir: Path, raw_digest: str, stats: dict) -> dict:
+    """data.label_column null: every review of data.path (each split of it, cut to max_test_samples by a seeded
+    draw) is a test review labelled NO_LABEL, for `evaluate --model`'s label-free figures; there is no train split
+    (nothing is trained; `datasets` cannot store an empty one), and `labelled` is false in the metadata."""
+    import numpy as np
+    from datasets import Dataset, DatasetDict
+
+    test = pd.concat(list(frames.values()), ignore_index=True)[["text"]]
+    if cfg.max_test_samples is not None and len(test) > cfg.max_test_samples:
+        keep = np.sort(np.random.default_rng(cfg.split_seed + 2).choice(len(test), cfg.max_test_samples, replace=False))
+        test = test.iloc[keep].reset_index(drop=True)
+    splits = {"test": test.assign(label=NO_LABEL)}
+    DatasetDict({s: Dataset.from_pandas(f, preserve_index=False) for s, f in splits.items()}).save_to_disk(
+        str(Path(out_dir) / "dataset"))
+    names = [str(n) for n in cfg.label_names]
+    (Path(out_dir) / "labels.json").write_text(json.dumps(dict(enumerate(names)), indent=2))
+    return {"label_names": names, "num_labels": len(names), "labelled": False, "sizes": {"test": len(test)},
+            "class_counts": {},  # no labels, no classes counted
+            "test_from": "source",  # the reviews are the source's own: no model was trained on them here
+            "content_digest": content_digest(splits, names), "raw_digest": raw_digest, **stats}
 
 
 def load_prepared(path: str | Path):

@@ -1,6 +1,6 @@
 """The training vocabulary that `spell` trusts besides its English dictionary (`ttt.spell.vocabulary: train`).
 
-One definition for every user: the evaluation step builds it from the training texts, the fine-tune stage
+One definition for every user: the evaluation step builds it from the training texts, the finetune step
 stores it as `vocabulary.json` inside the logged MLflow Model, and a served or `ttt-pipeline predict`
 classifier reads it back, so `spell` repairs the same words in all three.
 

@@ -1,11 +1,11 @@
-"""The heavy stages as their own flows, deployed on the `gpu` work pool, and the orchestrator's side of them.
+"""The heavy steps as their own flows, deployed on the `gpu` work pool, and the orchestrator's side of them.
 
-`fine-tune` and `evaluate` take only JSON: the configuration, the StepOutput dicts of their inputs (paths and
+`finetune` and `evaluate` take only JSON: the configuration, the StepOutput dicts of their inputs (paths and
 digests) and the MLflow parent run id. They localise their inputs from the shared store (a no-op when the
 store is a shared folder), run the same Prefect tasks as the in-process pipeline, and log their MLflow child
 run under the given parent.
 
-`run_heavy_stages` is what `ttt-pipeline` calls when `execution.mode == "deployments"`: one fine-tune run,
+`run_heavy_steps` is what `ttt-pipeline` calls when `execution.mode == "deployments"`: one finetune run,
 then one evaluate run per corruption family (plus `clean` for the clean and shifted sets), all submitted at
 once so that every idle GPU worker takes one. A worker started with `--limit 1` runs one heavy job at a time.
 """
@@ -24,7 +24,7 @@ from ttt_pipeline.config import PipelineConfig, absolute_paths
 from ttt_pipeline.errors import PipelineError
 from ttt_pipeline.io.remote_store import localise, open_store, peek
 from ttt_pipeline.storage import StepOutput, StepStore
-from ttt_pipeline.tasks import evaluate_task, finetune_task, log_stage_task
+from ttt_pipeline.tasks import evaluate_task, finetune_task, log_step_task
 
 
 def run_task(task_fn, *args, **kwargs) -> tuple[dict, bool]:
@@ -77,7 +77,7 @@ def nproc_per_node() -> int:
         return 1
 
 
-@flow(name="fine-tune")
+@flow(name="finetune")
 def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_id: str | None = None) -> dict:
     """Fine-tune on a GPU worker (data-parallel over TTT_NPROC_PER_NODE processes when > 1)."""
     cfg = config
@@ -95,7 +95,7 @@ def finetune_flow(config: PipelineConfig, data: dict, tokens: dict, parent_run_i
     cached = cached and not launched
     model["cached"] = cached
     if parent_run_id:
-        log_stage_task(cfg, "fine-tune", [model, data], parent_run_id, cached)
+        log_step_task(cfg, "finetune", [model, data], parent_run_id, cached)
     publish_output(model)
     return model
 
@@ -205,19 +205,19 @@ def _collect(store: StepStore, flow_run_id, what: str) -> dict:
     return out.to_dict()
 
 
-def run_heavy_stages(cfg: PipelineConfig, data: dict, tokens: dict, corrupted: dict,
+def run_heavy_steps(cfg: PipelineConfig, data: dict, tokens: dict, corrupted: dict,
                      parent_run_id: str) -> tuple[dict, list[dict], bool, bool]:
     """Fine-tune, then the evaluation fan-out, as deployment runs on the gpu pool.
 
-    Returns (model output, evaluation outputs, fine-tune cached, evaluation cached).
+    Returns (model output, evaluation outputs, finetune cached, evaluation cached).
     """
     logger = get_run_logger()
     ex = cfg.execution
     cfg = absolute_paths(cfg)
     store = open_store(cfg.store)
     run = _submit(ex.finetune_deployment, {"config": cfg.model_dump(mode="json"), "data": data, "tokens": tokens,
-                                           "parent_run_id": parent_run_id}, "fine-tune")
-    logger.info("fine-tune submitted to %s as flow run %s", ex.finetune_deployment, run.id)
+                                           "parent_run_id": parent_run_id}, "finetune")
+    logger.info("finetune submitted to %s as flow run %s", ex.finetune_deployment, run.id)
     _check(_wait([run.id], ex.timeout_s), "fine-tuning")
     model = _collect(store, run.id, "fine-tuning")
     outs, ev_cached = evaluate_on_gpu(cfg, data, model, corrupted, evaluation_shares(cfg))

@@ -1,12 +1,12 @@
 """The classifier as an MLflow Model: the `python_function` flavour with this module as its loader.
 
-Layout of the logged model (an MLflow 3 LoggedModel, linked to the fine-tune run as its output):
+Layout of the logged model (an MLflow 3 LoggedModel, linked to the finetune run as its output):
 
     MLmodel                      flavour python_function, loader_module ttt_pipeline.io.mlflow_model, code code/,
                                  config = the inference configuration (method + ttt.* settings), signature, metadata
                                  (ttt_pipeline_version: the version of the code in code/)
     code/ttt_pipeline/           this package's source as it was when the model was logged (MLflow's `code_paths`)
-    data/model/                  the fine-tune step's folder: encoder/ (safetensors), head.safetensors,
+    data/model/                  the finetune step's folder: encoder/ (safetensors), head.safetensors,
                                  tokenizer/, meta.json, labels.json, vocabulary.json (spell's training words)
     input_example.json, serving_input_example.json, requirements.txt, python_env.yaml, conda.yaml
 
@@ -228,7 +228,7 @@ def _registered(client, source: str) -> str:
 
 
 def resolve_reference(client, source: str) -> str:
-    """The artifact URI of the model a reference names: a run id (pipeline run or fine-tune run),
+    """The artifact URI of the model a reference names: a run id (pipeline run or finetune run),
     `models:/...` or `runs:/<run id>/<path>`."""
     from mlflow.exceptions import MlflowException
 
@@ -256,7 +256,7 @@ def resolve_reference(client, source: str) -> str:
         if client.list_artifacts(r.info.run_id, MODEL_ARTIFACT):
             return f"{r.info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}"
     raise PipelineError(f"MLflow run {run_id} has no logged model",
-                        "give the pipeline run or its fine-tune run (tracking.log_model must have been true)")
+                        "give the pipeline run or its finetune run (tracking.log_model must have been true)")
 
 
 def download_model(source: str, dst: Path, tracking_uri: str | None = None) -> Path:
@@ -403,7 +403,7 @@ def is_mlflow_reference(source: str) -> bool:
 
 def load_classifier(source: str | Path, device: str = "auto", tracking_uri: str | None = None,
                     config: dict[str, Any] | None = None, **settings) -> Classifier:
-    """A Classifier from a folder, an MLflow run id (the pipeline run or its fine-tune run),
+    """A Classifier from a folder, an MLflow run id (the pipeline run or its finetune run),
     `models:/<name>@<alias>`, `models:/<name>/<version>`, `models:/<model id>` or `runs:/<id>/<path>`.
 
     `tracking_uri` (default: $TTT_TRACKING_URI, $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db) resolves MLflow

@@ -1,9 +1,9 @@
 """MLflow model registry: every pipeline run registers its model; the best one holds the `champion` alias.
 
-What is registered: the MLflow Model the fine-tune child run logged as its output (`ttt_pipeline.io.mlflow_model`:
+What is registered: the MLflow Model the finetune child run logged as its output (`ttt_pipeline.io.mlflow_model`:
 a python_function flavour, so `models:/<name>@champion` loads with `mlflow.pyfunc.load_model`,
 `mlflow models serve` and `ttt-pipeline predict`), as `create_model_version(source=<the LoggedModel's artifact
-location>, run_id=<fine-tune child run>, model_id=<its model id>)`: the source lies inside the model's artifact
+location>, run_id=<finetune child run>, model_id=<its model id>)`: the source lies inside the model's artifact
 folder, which is what an MLflow server's source validation asks for, and the version's lineage points at both
 the logged model and the run. A run logged before models were MLflow Models (a plain `model` artifact folder:
 encoder/, head.safetensors, tokenizer/, meta.json, labels.json) registers `<run artifact URI>/model` instead.
@@ -15,7 +15,7 @@ different tasks never compete for one alias; the registered model and each versi
 The decision: the candidate's value of `registry.metric` (default acc_default: the corrupted accuracy under the
 recommended defense, `evaluation.default_defense`, logged as acc_corrupted_<defense>; higher is better) is the
 pipeline (parent) run's metric. The champion's value is read from the champion version's source run, and from that
-run's parent (the pipeline run) when the fine-tune run does not carry the metric. The candidate becomes
+run's parent (the pipeline run) when the finetune run does not carry the metric. The candidate becomes
 `champion` when there is no champion yet, the champion has no value, or the candidate is strictly higher;
 a tie keeps the current champion. Either way the comparison is logged on the pipeline run as tags
 (`registry.*`) and metrics (`registry.candidate_value`, `registry.champion_before_value`), and on the new
@@ -40,7 +40,7 @@ CHAMPION = "champion"
 MODEL_ARTIFACT = "model"
 # The child runs that log a pipeline run's model: fine-tune trains it, import-model brings one trained elsewhere.
 MODEL_STAGES = ("finetune", "import-model")
-LOGGED_MODEL_NAME = "model"  # the MLflow Model a fine-tune run logs (io.mlflow_model)
+LOGGED_MODEL_NAME = "model"  # the MLflow Model a finetune run logs (io.mlflow_model)
 
 
 class LabelMismatch(PipelineError):
@@ -139,7 +139,7 @@ def current_champion(client, name: str):
 
 
 def run_metric(client, run_id: str | None, metric: str, follow_parent: bool = True) -> float | None:
-    """A run's metric, else its parent's (a fine-tune child run -> the pipeline run)."""
+    """A run's metric, else its parent's (a finetune child run -> the pipeline run)."""
     if not run_id:
         return None
     from mlflow.exceptions import MlflowException
@@ -189,7 +189,7 @@ def find_model_run(client, parent_run_id: str):
 
 
 def model_source(client, model_run) -> tuple[str, str | None]:
-    """(source, model id) to register for a fine-tune run: its MLflow Model, else its plain `model` folder."""
+    """(source, model id) to register for a finetune run: its MLflow Model, else its plain `model` folder."""
     model_id = logged_model_id(client, model_run.info.run_id)
     if model_id:
         return client.get_logged_model(model_id).artifact_location, model_id
@@ -235,7 +235,7 @@ def register_run(client, parent_run_id: str, model_name: str, metric: str,
         candidate_value = run_metric(client, parent_run_id, metric, follow_parent=False)
     model_run = find_model_run(client, parent_run_id)
     if model_run is None:
-        result = RegistryResult(model_name, metric, "skipped", "no fine-tune run with a logged model "
+        result = RegistryResult(model_name, metric, "skipped", "no finetune run with a logged model "
                                 "(tracking.log_model=false?)", candidate_value=candidate_value)
         log_decision(client, parent_run_id, result)
         return result

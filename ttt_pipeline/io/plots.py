@@ -2,7 +2,7 @@
 
 Figures are built with the object API (`matplotlib.figure.Figure`) on the Agg canvas, never pyplot: no global
 figure registry, so plotting is safe from Prefect's worker threads and leaks nothing. Inputs are the stored
-step outputs: `history.json` of the fine-tune step ({"epochs": [...], "mlm_warmup": [...], "dapt": [...]}) and
+step outputs: `history.json` of the finetune step ({"epochs": [...], "mlm_warmup": [...], "dapt": [...]}) and
 `results.json` of the evaluate step (rows of kind/set/family/severity/method/acc/recall/confusion...).
 """
 

@@ -195,8 +195,9 @@ class ChampionServer:
     """The champion of `model_name` behind one front; `check()` switches to a new champion without a failed request."""
 
     def __init__(self, client, model_name: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None,
-                 ready_timeout_s: float = 300.0, monitoring=None):
+                 ready_timeout_s: float = 300.0, monitoring=None, alias: str = "champion"):
         self.client, self.model_name, self.tracking_uri = client, model_name, tracking_uri
+        self.alias = alias  # the alias followed: `champion`, or a user's own (my-classifier@prod)
         self.monitoring = monitoring  # the configuration's monitoring section: whether back ends capture traffic
         self.log_dir, self.bin_dir, self.ready_timeout_s = Path(log_dir), bin_dir, ready_timeout_s
         self.front: Front | None = None
@@ -204,8 +205,12 @@ class ChampionServer:
         self.check_lock = threading.Lock()
 
     def champion_version(self) -> str:
-        from ttt_pipeline.io.model_registry import current_champion
+        """The version the followed alias points at now."""
+        from ttt_pipeline.io.brought_models import version_at_alias
+        from ttt_pipeline.io.model_registry import CHAMPION, current_champion
 
+        if self.alias != CHAMPION:
+            return str(version_at_alias(self.client, self.model_name, self.alias).version)
         mv = current_champion(self.client, self.model_name)
         if mv is None:
             raise PipelineError(f"registered model {self.model_name!r} has no `champion` alias",

@@ -19,7 +19,7 @@ Progress = Callable[[str, int, int, dict], None]
 
 def model_checkpoints(model_out: StepOutput) -> list[Path]:
     """The fine-tuned model, then any saved checkpoints (`checkpoints/<name>/`, save_model folders): TRAK's
-    ensemble. The fine-tune step keeps only the selected model today, so the ensemble has one member."""
+    ensemble. The finetune step keeps only the selected model today, so the ensemble has one member."""
     root = Path(model_out.path)
     extra = sorted(p for p in (root / "checkpoints").glob("*") if (p / "meta.json").is_file())
     return [root / "model", *extra]

@@ -20,7 +20,7 @@ from ttt_pipeline.storage import StepStore
 
 def kept(cfg: PipelineConfig, store: StepStore) -> list[str]:
     """What the store holds for this config, in pipeline order: each finished step, and an interrupted
-    fine-tune's last checkpoint, so that a stopped run can say what the same command will resume from."""
+    finetune step's last checkpoint, so that a stopped run can say what the same command will resume from."""
     data = stored("download", download_inputs(cfg), store)
     if data is None:
         return []
@@ -34,9 +34,9 @@ def kept(cfg: PipelineConfig, store: StepStore) -> list[str]:
         epochs = _checkpoint_epochs(store.root / "finetune" / f"{StepStore.key('finetune', inputs, version('finetune'))}"
                                     ".work")
         if model is not None:
-            out.append("fine-tune")
+            out.append("finetune")
         elif epochs:
-            out.append(f"fine-tune's checkpoint after epoch {epochs} of {cfg.finetune.epochs}")
+            out.append(f"finetune's checkpoint after epoch {epochs} of {cfg.finetune.epochs}")
     corrupted = stored("corrupt", corrupt_inputs(cfg, data), store)
     if corrupted is not None:
         out.append("corrupt")

@@ -95,7 +95,7 @@ def finetune(cfg: PipelineConfig, data: StepOutput, tokens: StepOutput, store: S
                 "attention": attention.name or "checkpoint", "attention_reason": attention.reason,
                 **({"augment": augmented} if augmented else {})}
 
-    out = store.run("finetune", inputs, guarded(cfg, "fine-tune", build), version("finetune"))
+    out = store.run("finetune", inputs, guarded(cfg, "finetune", build), version("finetune"))
     if not out.cached:
         shutil.rmtree(work, ignore_errors=True)  # checkpoints only serve an interrupted run
     return out

@@ -28,7 +28,7 @@ def memory_hint(cfg: PipelineConfig, stage: str) -> str:
     return {
         "download": "lower data.max_train_samples / data.max_test_samples, or give the run more memory",
         "tokenise": f"lower model.max_length (now {length}) or data.max_train_samples",
-        "fine-tune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
+        "finetune": f"lower finetune.batch_size (now {ft.batch_size}) or model.max_length (now {length}); "
                      f"{attention}{checkpointing}finetune.precision=bf16 halves activations (fast on CUDA and on CPUs "
                      f"with native bf16){heap}",
         "corrupt": "lower data.max_test_samples, or score fewer corruption.families / corruption.severities",

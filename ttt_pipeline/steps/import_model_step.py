@@ -14,7 +14,7 @@ from ttt_pipeline.storage import StepOutput, StepStore
 
 def import_model(cfg: PipelineConfig, data: StepOutput, source, store: StepStore) -> StepOutput:
     """A classifier fine-tuned elsewhere (`source`: a hf_classifier.Source, local or a hub id) as this pipeline's
-    model folder (`model/`), in the place of the fine-tune step's: evaluate, the logged MLflow Model and serving
+    model folder (`model/`), in the place of the finetune step's: evaluate, the logged MLflow Model and serving
     read it alike. A model saved by this pipeline is copied as it is, once its labels are the data's."""
     from ttt_pipeline.modeling.hf_classifier import import_classifier
     from ttt_pipeline.modeling.layout import model_folder

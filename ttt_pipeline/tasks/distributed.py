@@ -1,6 +1,6 @@
 """The data-parallel fine-tune's orchestration: the torchrun launcher and each rank's job.
 
-Run by the `fine-tune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
+Run by the `finetune` flow when the worker sets TTT_NPROC_PER_NODE > 1:
     torchrun --standalone --nproc-per-node N -m ttt_pipeline.cli.distributed finetune JOB.json
 (`ttt_pipeline.cli.distributed` reads the command line and calls `run_finetune_job` on every rank). Each rank calls
 the ordinary `steps.finetune(..., parallel=DataParallel())`; the torch side (DistributedDataParallel around
@@ -25,7 +25,7 @@ from ttt_pipeline.modeling.data_parallel import DataParallel
 
 def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple[str, ...] = (),
                     timeout_s: float | None = None) -> None:
-    """Run the fine-tune step on `nproc` local processes (torchrun); rank 0 writes its output into the store."""
+    """Run the finetune step on `nproc` local processes (torchrun); rank 0 writes its output into the store."""
     from ttt_pipeline.errors import PipelineError
 
     with tempfile.TemporaryDirectory(prefix="ttt-ddp-") as tmp:
@@ -41,7 +41,7 @@ def launch_finetune(cfg, data: dict, tokens: dict, nproc: int, extra_args: tuple
 
 
 def run_finetune_job(job_path: Path, dump_weights: Path | None = None) -> None:
-    """This rank's part of the fine-tune step of JOB.json (config, data, tokens): rank 0 writes the step output;
+    """This rank's part of the finetune step of JOB.json (config, data, tokens): rank 0 writes the step output;
     `dump_weights` (diagnostics) makes each rank save its final weights and batch count to DIR/rank<R>.pt."""
     from ttt_pipeline import steps
     from ttt_pipeline.config import PipelineConfig

@@ -49,10 +49,10 @@ def tokenise_task(cfg: PipelineConfig, data: dict) -> dict:
     return steps.tokenise(cfg, _out(data), _store(cfg)).to_dict()
 
 
-@task(name="fine-tune", cache_key_fn=step_cache(
+@task(name="finetune", cache_key_fn=step_cache(
     "finetune", lambda p: steps.finetune_inputs(p["cfg"], _out(p["tokens"]), _out(p["data"]))), **COMMON)
 def finetune_task(cfg: PipelineConfig, data: dict, tokens: dict) -> dict:
-    rep = Reporter("fine-tune-progress")
+    rep = Reporter("finetune-progress")
     try:
         return steps.finetune(cfg, _out(data), _out(tokens), _store(cfg), rep).to_dict()
     finally:
@@ -130,8 +130,8 @@ def new_reviews_task(cfg: PipelineConfig, data: dict, model: dict, defense: str)
     return steps.score_new_reviews(cfg, _out(data), _out(model), defense, _store(cfg)).to_dict()
 
 
-@task(name="log-stage", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
-def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_run_id: str,
+@task(name="log-step", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
+def log_step_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_run_id: str,
                    cached: bool) -> dict:
     """One MLflow child run per stage, logged from the stored output (so cached stages are logged too)."""
     tracker = Tracker.from_config(cfg.tracking)
@@ -145,7 +145,7 @@ def log_stage_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_
             step_logging.log_download(tracker, run_id, outs[0], cfg)
         elif stage == "tokenise":
             step_logging.log_tokenise(tracker, run_id, outs[0], cfg)
-        elif stage == "fine-tune":
+        elif stage == "finetune":
             step_logging.log_finetune(tracker, run_id, outs[0], cfg, cfg.tracking.log_model,
                                        outs[1] if len(outs) > 1 else None)  # [model, data]
         elif stage == "import-model":
