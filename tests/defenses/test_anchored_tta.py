@@ -149,12 +149,13 @@ def test_full_anchor_weight_keeps_the_frozen_models_prediction(tiny_clf, recipe_
 
 def test_the_anchor_pulls_toward_the_frozen_model(tiny_clf, recipe_batch):
     """From the second step on, a larger anchor weight leaves the prediction closer to the source's (SGD at a
-    stable learning rate: a step too large for the anchor's curvature overshoots the source)."""
+    stable learning rate: a step too large for the anchor's curvature overshoots the source). Closeness is the
+    logits' distance: the KL of so small a move is of the order of float32 rounding on some CPUs."""
     model, _ = tiny_clf
     source = plain_logits(model, *recipe_batch)
     sgd = EngineSettings(optimizer="sgd", precision="fp32")
-    drift = {a: float(kl_from_source(engine(tiny_clf, settings=sgd, anchor_weight=a, lr=2.0, steps=4)
-                                     .predict(*recipe_batch), source).mean()) for a in (0.0, 0.5, 0.9)}
+    drift = {a: float((engine(tiny_clf, settings=sgd, anchor_weight=a, lr=2.0, steps=4).predict(*recipe_batch)
+                       - source).double().norm()) for a in (0.0, 0.5, 0.9)}
     assert drift[0.0] > drift[0.5] > drift[0.9] > 0
     # one step: the anchor is zero at the source weights, so the step is the consistency step scaled by 1 - a
     one = [engine(tiny_clf, settings=sgd, anchor_weight=a, lr=lr, steps=1).predict(*recipe_batch)

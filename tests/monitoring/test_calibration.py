@@ -236,8 +236,8 @@ def _cli(tmp: Path, *args: str) -> dict:
 @pytest.mark.slow
 def test_run_and_evaluate_model_report_the_calibration_and_the_registered_version_reads_it(tmp_path, tiny_bert_dir):
     """`run`: the calibration in the summary, its line in the terminal, calibration.json on the parent run, read
-    back through the registered version. `evaluate --model` on the demo (one corruption family): no calibration,
-    and the summary and the terminal say why."""
+    back through the registered version. `evaluate --model` on the demo (one corruption family) with the calibration
+    suite of its own off: no calibration, and the summary and the terminal say why."""
     import yaml
     from hf_models import save_classifier
     from mlflow.tracking import MlflowClient
@@ -246,6 +246,7 @@ def test_run_and_evaluate_model_report_the_calibration_and_the_registered_versio
 
     cfg = _config(tmp_path, tiny_bert_dir)
     raw = {**cfg.model_dump(mode="json"), "registry": {"enabled": True, "model_name": "tiny-calibrated"}}
+    raw["monitoring"]["calibration_families"] = []  # the run's own three sets, not the calibration suite
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(raw))
     summary = _cli(tmp_path, "run", "--config", str(tmp_path / "tiny.yaml"))
     fc = summary["forecast_calibration"]
@@ -264,7 +265,7 @@ def test_run_and_evaluate_model_report_the_calibration_and_the_registered_versio
     brought = _cli(tmp_path, "evaluate", "--model", str(folder), "--config", "demo", "--set", f"store={cfg.store}",
                    "--set", f"tracking.tracking_uri={cfg.tracking.tracking_uri}", "--set",
                    f"tracking.artifact_root={cfg.tracking.artifact_root}", "--set", "data.max_test_samples=16",
-                   "--set", "registry.enabled=false")
+                   "--set", "registry.enabled=false", "--set", "monitoring.calibration_families=[]")
     assert brought["forecast_calibration"] is None and "this run has 1 (keyboard)" in brought[
         "forecast_calibration_note"]
     assert "label-free drop forecast: not calibrated (the forecast is calibrated on" in brought["stdout"]
