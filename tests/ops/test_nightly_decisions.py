@@ -16,6 +16,9 @@ from ttt_pipeline.config import load_config
 from ttt_pipeline.errors import NoChampion, PipelineError
 from ttt_pipeline.reports.nightly import change_line, night_report, no_champion_report
 
+NIGHT = dt.date(2031, 7, 4).isoformat()
+BEFORE = dt.date(2031, 7, 3).isoformat()
+
 
 def test_the_decisions_import_neither_prefect_nor_mlflow():
     assert "ttt_pipeline.nightly" in sys.modules
@@ -26,8 +29,8 @@ def test_the_decisions_import_neither_prefect_nor_mlflow():
 
 def test_the_night_and_its_seed_come_from_the_date():
     when = dt.datetime(2031, 7, 4, 1, 30, tzinfo=dt.timezone.utc)
-    assert nightly.night_of(when) == "2031-07-04"
-    assert nightly.seed_for("2031-07-04") == 20310704
+    assert nightly.night_of(when) == NIGHT
+    assert nightly.seed_for(NIGHT) == 20310704
 
 
 def test_the_night_scores_none_and_the_default_defense_only():
@@ -64,7 +67,7 @@ def _rows(kind_acc: dict) -> list[dict]:
 
 
 CHECK = {"delta": -0.05, "ci_low": -0.08, "ci_high": -0.03, "p_mcnemar": 0.001, "helped": 1, "hurt": 6, "n": 100,
-         "against": "previous night 2031-07-03 (MLflow run r0)", "significant": True, "regression": True}
+         "against": f"previous night {BEFORE} (MLflow run r0)", "significant": True, "regression": True}
 
 
 def test_figures_changes_and_the_regression_message():
@@ -80,20 +83,20 @@ def test_figures_changes_and_the_regression_message():
     assert extra["reference"]["against"] == CHECK["against"] and "regression" not in extra["reference"]
     assert extra["min_detectable_drop"] is not None and extra["min_detectable_drop"] > 0.02
     mv = SimpleNamespace(name="ttt-demo", version=3, run_id="r3")
-    s = nightly.summary("2031-07-04", "spell", mv, "run-9", 0.02, (20310704, 42), "r0", extra, now, True)
+    s = nightly.summary(NIGHT, "spell", mv, "run-9", 0.02, (20310704, 42), "r0", extra, now, True)
     assert s["verdict"] == "regression" and s["model_version"] == "3" and s["reference_n"] == 100
     assert set(nightly.event_payload(s)) == {"night", "defense", "model_name", "model_version", "reference",
                                              "min_detectable_drop", "mlflow_run_id", "robust_acc_ref"}
     msg = nightly.regression_message(s, CHECK, 0.02)
-    assert "fell to 0.810 (2031-07-04)" in msg and "[-8.00, -3.00] lies below -2.00" in msg
+    assert f"fell to 0.810 ({NIGHT})" in msg and "[-8.00, -3.00] lies below -2.00" in msg
     assert change_line(now, 0.02, CHECK).endswith("it does.")
-    report = night_report("2031-07-04", mv, now, None, 0.02, True, "run 9", "spell", extra)
+    report = night_report(NIGHT, mv, now, None, 0.02, True, "run 9", "spell", extra)
     assert report.startswith("# ❌ REGRESSION") and "| reference suite, with spell (robust) | 0.810 | - |" in report
 
 
 def test_no_champion_says_what_to_do():
     exc = NoChampion("registered model 'x' has no version at alias 'champion'", "run the ttt-pipeline deployment once")
-    s = nightly.no_champion_summary("2031-07-04", "spell", "x", exc)
+    s = nightly.no_champion_summary(NIGHT, "spell", "x", exc)
     assert s["verdict"] == "no_champion" and s["hint"] == exc.hint
-    text = no_champion_report(exc.message, exc.hint, "sqlite:///mlflow.db", "2031-07-04")
+    text = no_champion_report(exc.message, exc.hint, "sqlite:///mlflow.db", NIGHT)
     assert "**What to do:** Run the ttt-pipeline deployment once." in text
