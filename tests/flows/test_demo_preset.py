@@ -80,7 +80,7 @@ def test_the_terminal_names_stages_and_shows_progress(demo):
     for stage in STAGES:
         assert f"{stage}: started (" in err, stage
         assert re.search(rf"{stage}: (computed|cached \(served from the store\)) in \d", err), stage
-    assert re.search(r"fine-tune: computed in ", err)  # an empty store: the model is trained, not served
+    assert re.search(r"finetune: computed in ", err)  # an empty store: the model is trained, not served
     ft = [ln for ln in err.splitlines() if ln.strip().startswith("fine-tuning")]
     assert any(re.search(r"steps \(\d+%\), (\d+\.\d steps/s|\d+\.\d s per step), about .+ left", ln) for ln in ft), ft
     ev = [ln for ln in err.splitlines() if ln.strip().startswith("evaluation:")]

@@ -175,7 +175,7 @@ def test_sigterm_mid_finetune_ends_within_10_s_with_one_line_then_the_same_comma
     assert proc.returncode == 128 + signal.SIGTERM and elapsed <= 10, (elapsed, stderr[-2000:])
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("stopped (SIGTERM): the store (") and last.endswith("run the same command again to resume")
-    assert "download, tokenise, fine-tune's checkpoint after epoch" in last and "of 3" in last, last
+    assert "download, tokenise, finetune's checkpoint after epoch" in last and "of 3" in last, last
     assert "Traceback" not in stderr
     assert "machine: device cpu; fine-tuning fp32 (auto: CPU without native bf16 (TTT_CPU_NATIVE_BF16=0))" in stderr
     with pytest.raises(ProcessLookupError):  # nothing of the run is left: no server, no loader worker
