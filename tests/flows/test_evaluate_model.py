@@ -232,7 +232,9 @@ def test_each_family_runs_to_a_summary_with_intervals_and_a_registered_model(mod
     from ttt_pipeline.io.mlflow_model import load_classifier
 
     bert = run_evaluate(tmp_path, str(models["bert"]), f"ttt.mlm_from={models['bert-base']}")
-    assert {"masked_ttt", "spell", "mask_ensemble", "spell+masked_ttt"} <= set(bert["gains"]) and not bert["notes"]
+    assert {"masked_ttt", "spell", "mask_ensemble", "spell+masked_ttt"} <= set(bert["gains"])
+    # the demo preset splits its test reviews off the file the stand-in models may have seen: only that note
+    assert [n for n in bert["notes"] if "the 40 test reviews are 30% of" not in n] == []
     gain = bert["defense_gain"]
     assert gain["method"] == "spell" and gain["ci_low"] <= gain["delta"] <= gain["ci_high"]
     distil = run_evaluate(tmp_path, str(models["distilbert"]))
@@ -313,8 +315,10 @@ def test_a_pipeline_trained_model_through_model_predicts_as_the_pipelines_evalua
     from ttt_pipeline.cli.main import main
     from ttt_pipeline.storage import StepStore
 
+    # no calibration suite: its own evaluate outputs would sit beside the two compared here
     cfg = tiny_config(tmp_path, tiny_bert_dir, ttt={"methods": ["none", "spell", "masked_ttt"], "batch_size": 8},
-                      evaluation={"default_defense": "spell"}, registry={"enabled": False})
+                      evaluation={"default_defense": "spell"}, registry={"enabled": False},
+                      monitoring={"calibration_families": []})
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(cfg))
     assert main(["run", "--config", str(config)]) == 0
