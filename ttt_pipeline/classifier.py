@@ -13,7 +13,10 @@ evaluate step scores with, so the same texts in the same batches give the evalua
 
 Masked TTT and Tent adapt the shared model in place and restore it after every batch: a lock serialises the
 calls of one Classifier, so concurrent callers (the threads of `mlflow models serve`) never see each other's
-adapted weights.
+adapted weights. Calls of the methods whose answer is the text's alone (plain prediction and the text repairs,
+which act on each text by itself) that arrive while the model is busy are scored together in its next pass
+(batching.RequestBatcher; `batch_requests`); the adapting engines keep one call per episode, as their statistics
+are per request.
 
 No MLflow here: folders load directly; `ttt_pipeline.io.mlflow_model.load_classifier` also takes run ids and
 `models:/` URIs (downloaded, then loaded from here).
@@ -21,6 +24,7 @@ No MLflow here: folders load directly; `ttt_pipeline.io.mlflow_model.load_classi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -30,6 +34,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ttt_pipeline.batching import RequestBatcher
 from ttt_pipeline.errors import ConfigError, PipelineError
 from ttt_pipeline.metrics import softmax
 from ttt_pipeline.modeling.layout import is_model_folder, model_folder  # noqa: F401 (model_folder: callers import it here)
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 # TTTConfig fields that are not per-request inference settings
 _NOT_INFERENCE = {"methods", "mask_seeds", "score_clean", "signal_every"}
 _TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
+BATCH_TEXTS, BATCH_WAIT_MS = 64, 0.0  # request batching's defaults: texts per pass, the leader's wait
 PREFIX_CHARS_PER_TOKEN = 16  # Classifier.truncated: characters of a long text's head per token the model reads
 # The pyfunc loader a logged model names (ttt_pipeline.io.mlflow_model); models logged before the package
 # layout named ttt_pipeline.mlflow_model, which stays importable for them.
@@ -109,6 +115,16 @@ def check_texts(texts: Iterable[Any]) -> list[str]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _BatchKey:
+    """What calls sharing a pass have in common: the method and its settings (as JSON; `ttt` rides along)."""
+
+    name: str
+    settings: str
+    repairs: bool
+    ttt: Any = dataclasses.field(compare=False, hash=False)
+
+
 class Classifier:
     """A ReviewClassifier with its tokenizer, label names, inference configuration and spell vocabulary."""
 
@@ -123,8 +139,26 @@ class Classifier:
         self._lock = threading.Lock()
         self._repair_cache: dict[tuple, Callable[[list[str]], list[str]]] = {}
         self._runtimes: dict[str, Any] = {}
+        self._batcher: RequestBatcher | None = None
         self.config = inference_config(method="none")
         self.configure(**(config or {}))
+        self.batch_requests(BATCH_TEXTS, BATCH_WAIT_MS)
+
+    def batch_requests(self, max_texts: int = BATCH_TEXTS, max_wait_ms: float = BATCH_WAIT_MS) -> "Classifier":
+        """Score concurrent calls of a batch-independent method together, up to `max_texts` texts a pass, the
+        first caller waiting `max_wait_ms` for others before it takes the model (0: only while the model is busy);
+        `max_texts` 0 scores every call alone. Returns self."""
+        if max_texts < 0 or max_wait_ms < 0:
+            raise ConfigError(f"request batching: max_texts {max_texts} and max_wait_ms {max_wait_ms} must be >= 0",
+                              "give max_texts 0 to score each call alone, else the texts per pass (64)")
+        self._batcher = (RequestBatcher(self._score_batch, self._lock, max_texts, max_wait_ms / 1000)
+                         if max_texts else None)
+        return self
+
+    @property
+    def batching(self):
+        """The request batcher's counts (batching.BatchStats), None when calls are scored alone."""
+        return None if self._batcher is None else self._batcher.stats()
 
     # ------------------------------------------------------------------ configuration
 
@@ -211,6 +245,9 @@ class Classifier:
         name, ttt = self.settings(method, **overrides)
         if not texts:
             return np.zeros((0, len(self.label_names)), dtype=np.float32)
+        key = self._batch_key(name, ttt, progress)
+        if key is not None:
+            return self._batcher.submit(key, texts)[0]
         with self._lock:  # engines adapt the shared weights in place (and restore them): one call at a time
             repairs = self._repairs(name, ttt)
             return predict_texts(self.model, self.tokenizer, texts, name, ttt, self.max_length, ttt.batch_size,
@@ -230,6 +267,10 @@ class Classifier:
         has_repairs = bool(registry.parse(name).repairs)
         if not texts:
             return np.zeros((0, len(self.label_names)), dtype=np.float32), name, [] if has_repairs else None
+        key = self._batch_key(name, ttt, progress)
+        if key is not None:
+            logits, seen = self._batcher.submit(key, texts)
+            return softmax(logits), name, seen
         with self._lock:
             seen = texts
             for fix in self._repairs(name, ttt):
@@ -237,6 +278,29 @@ class Classifier:
             logits = predict_texts(self.model, self.tokenizer, seen, name, ttt, self.max_length, ttt.batch_size,
                                    self.device, progress, [], self.runtime(ttt.precision).score.dtype)
         return softmax(logits), name, (list(seen) if has_repairs else None)
+
+    def _batch_key(self, name: str, ttt, progress) -> "_BatchKey | None":
+        """The batch a call may share (same method, same settings), or None when it is scored alone: batching
+        off, a progress callback (a caller watching its own call), or an engine that adapts per call."""
+        from ttt_pipeline.defenses import registry
+
+        if self._batcher is None or progress is not None:
+            return None
+        parsed = registry.parse(name)
+        if parsed.engine != "none":
+            return None
+        return _BatchKey(name, ttt.model_dump_json(), bool(parsed.repairs), ttt)
+
+    def _score_batch(self, key: "_BatchKey", texts: list[str]) -> tuple[np.ndarray, list[str] | None]:
+        """One pass of the batcher (it holds the lock): (logits, the texts after the repairs or None)."""
+        from ttt_pipeline.evaluation.scoring import predict_texts
+
+        seen = texts
+        for fix in self._repairs(key.name, key.ttt):
+            seen = fix(seen)
+        logits = predict_texts(self.model, self.tokenizer, seen, key.name, key.ttt, self.max_length,
+                               key.ttt.batch_size, self.device, None, [], self.runtime(key.ttt.precision).score.dtype)
+        return logits, (list(seen) if key.repairs else None)
 
     def repair_texts(self, texts: Iterable[str], method: str | None = None, **overrides) -> list[str] | None:
         """The texts after `method`'s repairs (default: the configured method's); None when it has none."""

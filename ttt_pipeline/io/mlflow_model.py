@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ttt_pipeline.classifier import LOADER_MODULE, Classifier, load_local
-from ttt_pipeline.errors import PipelineError
+from ttt_pipeline.errors import ConfigError, PipelineError
 from ttt_pipeline.io.model_registry import LOGGED_MODEL_NAME, logged_model_id
 
 log = logging.getLogger(__name__)
@@ -349,6 +349,28 @@ def logged_run_id(model_dir: Path) -> str | None:
     return str(found) if found else None
 
 
+ENV_BATCH_TEXTS, ENV_BATCH_WAIT_MS = "TTT_SERVE_BATCH_TEXTS", "TTT_SERVE_BATCH_WAIT_MS"
+
+
+def batching_env(environ) -> tuple[int, float]:
+    """A served model's request batching (Classifier.batch_requests) from its environment: TTT_SERVE_BATCH_TEXTS
+    texts per pass (0: each request alone), TTT_SERVE_BATCH_WAIT_MS the first request's wait for others."""
+    from ttt_pipeline.classifier import BATCH_TEXTS, BATCH_WAIT_MS
+
+    out = []
+    for name, default, kind in ((ENV_BATCH_TEXTS, BATCH_TEXTS, int), (ENV_BATCH_WAIT_MS, BATCH_WAIT_MS, float)):
+        raw = environ.get(name, "").strip()
+        try:
+            value = kind(raw) if raw else default
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ConfigError(f"{name}={raw!r} is not a number >= 0",
+                              f"unset it (default {default}) or give {'a whole number' if kind is int else 'ms'}")
+        out.append(value)
+    return out[0], out[1]
+
+
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> PyfuncClassifier:
     """MLflow's entry point: `data_path` is the model's data/model folder; `model_config` the stored inference
     configuration with any load-time override (`mlflow.pyfunc.load_model(..., model_config=...)`) on top. With
@@ -361,6 +383,7 @@ def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> 
     device = os.environ.get("TTT_DEVICE", "auto")
     config = known_settings(dict(model_config or {}), data_path)
     classifier = from_folder(Path(data_path), config, device).prepare()  # the first request is fast
+    classifier.batch_requests(*batching_env(os.environ))
     capture = CaptureSettings.from_env(fallback_version=logged_run_id(Path(data_path).parents[1]))
     if capture is None:
         return PyfuncClassifier(classifier)
