@@ -9,11 +9,26 @@ tests/serving/test_serving_integration.py; the reviews are the shipped demo revi
     .venv/bin/python -m bench.serve_load --model models:/ttt-demo-reviews-negative-positive@champion \\
         --tracking-uri sqlite:///mlflow.db --json
 Last stdout line: one JSON object.
+
+`--sweep`: served throughput against what the model can do. The limit is the model's batched scoring rate in this
+process (Classifier.predict_proba of 256 reviews, its own batch size, the best of 3 passes). Then one server with
+request batching off (TTT_SERVE_BATCH_TEXTS=0: each request scored alone) and one with it on (the default), each
+loaded with the model's own method at each of `--sweep-clients` (1, 8, 32) concurrent clients: reviews/s, p50/p95
+and `served_fraction_of_limit` (served reviews/s / limit) per setting, and the mismatches against the bodies
+answered alone. The model scores at its stored precision (fp32 on a CPU without bf16 or int8 units).
+
+`--capture-cost`: what traffic capture (io/traffic_recorder.py) costs a served request. Two servers of the same
+model run at once, capture off and on (TTT_MONITORING_CAPTURE, records to a temporary folder); the model's own method
+is loaded from `--clients` concurrent clients in `--rounds` rounds that alternate off, on, off, on, ... (so a change
+in the machine's load falls on both); each arm's latencies are pooled over its rounds. Reported: p50/p95 per arm,
+`p95_ratio` and `p50_ratio` (on / off; aim p95 <= 1.05), the records the captured server wrote, and the bodies whose
+labels differ between the arms (0: capture never changes an answer).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -55,9 +70,89 @@ def load(url: str, texts: list[str], method: str, args) -> dict:
     wall = time.perf_counter() - t0
     lat = sorted(1000 * s for _, s in answers)
     mismatches = sum(labels != alone[json.dumps(b, sort_keys=True)] for b, (labels, _) in zip(sent, answers))
-    return {"requests": len(sent), "clients": args.clients, "distinct_bodies": len(alone),
+    return {"requests": len(sent), "reviews": sum(len(b["inputs"]) for b in sent), "wall_s": round(wall, 3),
+            "clients": args.clients, "distinct_bodies": len(alone),
             "p50_ms": round(statistics.median(lat), 1), "p95_ms": round(lat[int(0.95 * len(lat)) - 1], 1),
             "max_ms": round(lat[-1], 1), "requests_per_s": round(len(sent) / wall, 2), "mismatches": mismatches}
+
+
+def scoring_limit(folder: Path, texts: list[str]) -> dict:
+    """The model's batched scoring rate in this process: reviews/s of predict_proba on 256 reviews, best of 3."""
+    from ttt_pipeline.classifier import load_local
+
+    clf = load_local(folder, device="cpu").prepare()
+    batch = [texts[i % len(texts)] for i in range(256)]
+    clf.predict_proba(batch[:32])
+    best = min(_timed(lambda: clf.predict_proba(batch)) for _ in range(3))
+    return {"reviews": len(batch), "batch_size": clf.config.get("batch_size"), "reviews_per_s": round(256 / best, 1)}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def sweep(folder: Path, texts: list[str], args, tmp: Path) -> dict:
+    """Batching off and on, at each client count (module doc)."""
+    limit = scoring_limit(folder, texts)
+    log(f"[serve-load] limit: {limit}")
+    out = {"limit": limit, "settings": {}}
+    for batching, env in (("off", {"TTT_SERVE_BATCH_TEXTS": "0"}), ("on", {})):
+        with model_server(folder, tmp / f"serve-{batching}.log", env=env) as url:
+            for clients in args.sweep_clients:
+                row = load(url, texts, None, argparse.Namespace(requests=args.requests, clients=clients))
+                row["reviews_per_s"] = round(row["reviews"] / row["wall_s"], 1)
+                row["served_fraction_of_limit"] = round(row["reviews_per_s"] / limit["reviews_per_s"], 3)
+                out["settings"][f"batching_{batching}_clients_{clients}"] = row
+                log(f"[serve-load] batching {batching}, {clients} clients: {row}")
+    return out
+
+
+def latency_summary(lat_s: list[float], wall_s: float) -> dict:
+    lat = sorted(1000 * s for s in lat_s)
+    return {"requests": len(lat), "p50_ms": round(statistics.median(lat), 1),
+            "p95_ms": round(lat[int(0.95 * len(lat)) - 1], 1), "requests_per_s": round(len(lat) / wall_s, 2)}
+
+
+def capture_cost(folder: Path, texts: list[str], args, tmp: Path) -> dict:
+    """Capture off against on, rounds alternating between two servers of `folder` (module doc)."""
+    from ttt_pipeline.io import traffic_recorder as rec
+
+    traffic = tmp / "traffic"
+    on_env = {rec.ENV_CAPTURE: "1", rec.ENV_URI: str(traffic), rec.ENV_MODEL_NAME: "bench",
+              rec.ENV_MODEL_VERSION: "1"}
+    sent = bodies(texts, args.requests, None)
+    arms = {"off": {"lat": [], "wall": 0.0, "labels": None}, "on": {"lat": [], "wall": 0.0, "labels": None}}
+    with model_server(folder, tmp / "serve-off.log") as off_url, \
+            model_server(folder, tmp / "serve-on.log", env=on_env) as on_url:
+        urls = {"off": off_url, "on": on_url}
+        for url in urls.values():  # warm both: first requests load lazy parts
+            for body in sent[:5]:
+                invoke(url, body)
+        for r in range(2 * args.rounds):
+            arm = ("off", "on")[r % 2]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.clients) as pool:
+                answers = list(pool.map(functools.partial(invoke, urls[arm]), sent))
+            arms[arm]["wall"] += time.perf_counter() - t0
+            arms[arm]["lat"] += [s for _, s in answers]
+            arms[arm]["labels"] = arms[arm]["labels"] or [labels for labels, _ in answers]
+        time.sleep(7)  # the writer flushes every flush_seconds (5 s): count what the running server wrote
+        written = records(traffic)
+    out = {arm: latency_summary(a["lat"], a["wall"]) for arm, a in arms.items()}
+    out["p95_ratio"] = round(out["on"]["p95_ms"] / out["off"]["p95_ms"], 3)
+    out["p50_ratio"] = round(out["on"]["p50_ms"] / out["off"]["p50_ms"], 3)
+    out["label_mismatches"] = sum(a != b for a, b in zip(arms["off"]["labels"], arms["on"]["labels"]))
+    out["records_written"], out["reviews_sent"] = written, sum(len(b["inputs"]) for b in sent) * args.rounds
+    out["rounds"], out["clients"] = args.rounds, args.clients
+    return out
+
+
+def records(traffic: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in traffic.rglob("*.parquet"))
 
 
 def main(argv=None) -> None:
@@ -72,6 +167,12 @@ def main(argv=None) -> None:
                    help="`default`: the model's own method (its default defense)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--capture-cost", action="store_true",
+                   help="capture off against on, the model's own method, instead of the per-method load")
+    p.add_argument("--rounds", type=int, default=3, help="--capture-cost: rounds per arm")
+    p.add_argument("--sweep", action="store_true",
+                   help="the scoring limit, then batching off and on at each --sweep-clients count")
+    p.add_argument("--sweep-clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     from ttt_pipeline.preset_files import PRESETS_DIR
@@ -84,6 +185,15 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if Path(args.model).is_dir() else Path(
             mlflow.artifacts.download_artifacts(artifact_uri=args.model, dst_path=tmp))
+        if args.sweep:
+            out["sweep"] = sweep(folder, texts, args, Path(tmp))
+            print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+            return
+        if args.capture_cost:
+            out["capture"] = capture_cost(folder, texts, args, Path(tmp))
+            log(f"[serve-load] capture: {out['capture']}")
+            print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+            return
         with model_server(folder, Path(tmp) / "serve.log") as url:
             for method in args.methods:
                 out["methods"][method] = load(url, texts, None if method == "default" else method, args)

@@ -322,20 +322,21 @@ def serve_latencies(trained, data: dict, args, precision: str) -> list[float]:
 
 
 class model_server:
-    """`mlflow models serve` on a free loopback port, stopped (the whole process group) on exit."""
+    """`mlflow models serve` on a free loopback port, with `env` added to its environment, stopped (the whole
+    process group) on exit."""
 
-    def __init__(self, model_path: Path, log_path: Path):
+    def __init__(self, model_path: Path, log_path: Path, env: dict[str, str] | None = None):
         import socket
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.model_path, self.log_path = model_path, log_path
+        self.model_path, self.log_path, self.extra_env = model_path, log_path, env or {}
 
     def __enter__(self) -> str:
         bin_dir = Path(sys.executable).parent  # MLflow starts `uvicorn` from PATH
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1",
-               "TTT_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+               "TTT_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false", **self.extra_env}
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", str(self.model_path),
                                       "--env-manager", "local", "-h", "127.0.0.1", "-p", str(self.port)], env=env,
