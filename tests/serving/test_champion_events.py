@@ -130,7 +130,7 @@ def test_check_switches_when_the_alias_moves_and_keeps_serving_when_the_new_vers
         def get_model_version_by_alias(self, name, alias):
             return type("MV", (), {"version": versions["alias"]})()
 
-    def start(name, version, uri, log_dir, bin_dir=None, monitoring=None):
+    def start(name, version, uri, log_dir, bin_dir=None, monitoring=None, workers=1):
         started.append(version)
         return serving.Backend(version, 0, None, tmp_path / f"{version}.log")
 

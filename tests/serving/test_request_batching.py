@@ -140,3 +140,16 @@ def test_served_batching_settings_come_from_the_environment_and_bad_ones_are_ref
     for bad in ({"TTT_SERVE_BATCH_TEXTS": "many"}, {"TTT_SERVE_BATCH_WAIT_MS": "-1"}):
         with pytest.raises(ConfigError, match="TTT_SERVE_BATCH"):
             batching_env(bad)
+
+
+def test_several_workers_split_the_cores_and_one_worker_keeps_torchs_default(monkeypatch):
+    from pathlib import Path
+
+    from ttt_pipeline.io import serving
+
+    assert serving.threads_per_worker(2, cores=8) == 4 and serving.threads_per_worker(3, cores=2) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(serving, "machine_cores", lambda: 16)
+    env = serving.backend_env("m", "1", "sqlite:///x.db", Path("/bin"), workers=4)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in serving.backend_env("m", "1", "sqlite:///x.db", Path("/bin"))

@@ -72,7 +72,7 @@ def cmd_serve(args) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="ttt-serve-"))
     name, alias = model_and_alias(args.model, args.alias)
     server = ChampionServer(client, name, uri, log_dir, ready_timeout_s=args.ready_timeout_s,
-                            monitoring=monitoring, alias=alias)
+                            monitoring=monitoring, alias=alias, workers=_workers(args.workers))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop`, a supervisor: stop the model servers too
     try:
@@ -94,6 +94,15 @@ def cmd_serve(args) -> int:
         stop.set()
         server.close()
     return 0
+
+
+def _workers(value: int) -> int:
+    from ttt_pipeline.errors import ConfigError
+
+    if value < 1:
+        raise ConfigError(f"--workers {value}: a server needs at least one scoring process",
+                          "give --workers 1 (the default) or the number of cores to use (threads are split)")
+    return value
 
 
 def _monitoring(args):
@@ -149,6 +158,8 @@ def add_commands(subparsers) -> None:
     s.add_argument("--ready-timeout-s", type=float, default=300.0,
                    help="how long a new version's server may take to answer before it is given up (the old one "
                    "keeps serving)")
+    s.add_argument("--workers", type=int, default=int(os.environ.get("TTT_SERVE_WORKERS", "1")),
+                   help="scoring processes per model server (MLflow's --workers), the cores split between them")
     s.add_argument("--log-dir", default=None, help="folder for the model servers' logs (default: a temporary one)")
     s.add_argument("--config", default=None, help="YAML file or preset name whose monitoring section says whether "
                    "and where the served model records its traffic (default: no preset, capture off)")

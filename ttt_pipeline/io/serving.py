@@ -64,10 +64,26 @@ class Backend:
         return f"http://127.0.0.1:{self.port}"
 
 
-def backend_env(model_name: str, version: str, tracking_uri: str, bin_dir: Path, monitoring=None) -> dict[str, str]:
-    """The back end's environment: this one, the tracking URI, the venv's bin first on PATH, and traffic capture as
+def machine_cores() -> int:
+    """The cores this process may run on (the cgroup's or affinity's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(workers: int, cores: int | None = None) -> int:
+    """Intra-op threads of each of `workers` scoring processes so that workers x threads = the cores (at least 1):
+    each worker's torch would otherwise take every core, and N workers would oversubscribe them N times."""
+    return max(1, (cores or machine_cores()) // max(1, workers))
+
+
+def backend_env(model_name: str, version: str, tracking_uri: str, bin_dir: Path, monitoring=None,
+                workers: int = 1) -> dict[str, str]:
+    """The back end's environment: this one, the tracking URI, the venv's bin first on PATH, traffic capture as
     the configuration's monitoring section says (io.traffic_recorder.capture_env: the model's name and version
-    included); with capture off no TTT_MONITORING_CAPTURE reaches it, whatever this process's environment holds."""
+    included; with capture off no TTT_MONITORING_CAPTURE reaches it, whatever this process's environment holds),
+    and with several workers each one's share of the cores (OMP_NUM_THREADS, `threads_per_worker`)."""
     from ttt_pipeline.io.traffic_recorder import ENV_CAPTURE, capture_env
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -75,18 +91,24 @@ def backend_env(model_name: str, version: str, tracking_uri: str, bin_dir: Path,
     env.pop(ENV_CAPTURE, None)
     if monitoring is not None:
         env.update(capture_env(monitoring, model_name, version))
+    if workers > 1:
+        threads = str(threads_per_worker(workers))
+        env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
     return env
 
 
 def start_backend(model_name: str, version: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None,
-                  monitoring=None) -> Backend:
+                  monitoring=None, workers: int = 1) -> Backend:
+    """`mlflow models serve` of the version on a free loopback port, with `workers` scoring processes (MLflow's
+    --workers; each loads the model and answers requests on its own)."""
     bin_dir = bin_dir or Path(sys.executable).parent
     port = free_port()
-    env = backend_env(model_name, version, tracking_uri, bin_dir, monitoring)
+    env = backend_env(model_name, version, tracking_uri, bin_dir, monitoring, workers)
     log_path = Path(log_dir) / f"model-v{version}-{port}.log"
     with open(log_path, "w") as out:
         proc = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", f"models:/{model_name}/{version}",
-                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port),
+                                 "--workers", str(workers)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     log.info("serve: starting v%s on port %d (log %s)", version, port, log_path)
     return Backend(version, port, proc, log_path)
@@ -195,8 +217,9 @@ class ChampionServer:
     """The champion of `model_name` behind one front; `check()` switches to a new champion without a failed request."""
 
     def __init__(self, client, model_name: str, tracking_uri: str, log_dir: Path, bin_dir: Path | None = None,
-                 ready_timeout_s: float = 300.0, monitoring=None, alias: str = "champion"):
+                 ready_timeout_s: float = 300.0, monitoring=None, alias: str = "champion", workers: int = 1):
         self.client, self.model_name, self.tracking_uri = client, model_name, tracking_uri
+        self.workers = workers  # scoring processes per back end (each version's server has as many)
         self.alias = alias  # the alias followed: `champion`, or a user's own (my-classifier@prod)
         self.monitoring = monitoring  # the configuration's monitoring section: whether back ends capture traffic
         self.log_dir, self.bin_dir, self.ready_timeout_s = Path(log_dir), bin_dir, ready_timeout_s
@@ -219,7 +242,7 @@ class ChampionServer:
 
     def _ready_backend(self, version: str) -> Backend:
         backend = start_backend(self.model_name, version, self.tracking_uri, self.log_dir, self.bin_dir,
-                                monitoring=self.monitoring)
+                                monitoring=self.monitoring, workers=self.workers)
         if not wait_ready(backend, self.ready_timeout_s):
             stop_backend(backend, drain_s=0)
             raise PipelineError(f"the server of {self.model_name} v{version} did not answer /ping and /invocations "
