@@ -194,7 +194,18 @@ class Classifier:
         except ValidationError as exc:
             raise ConfigError(f"invalid inference settings: {settings_error(exc)}",
                               "see `ttt-pipeline config --schema` (section ttt) for the allowed values") from None
+        self._check_runnable(name)
         return name, ttt
+
+    def _check_runnable(self, name: str) -> None:
+        """A method this model cannot run is refused, never answered by another (masked TTT without an MLM head)."""
+        from ttt_pipeline.defenses import registry
+
+        if registry.needs_mlm(name) and getattr(self.model, "mlm_head", None) is None:
+            runnable = [m for m, kind, _ in registry.describe() if not (kind == "engine" and registry.needs_mlm(m))]
+            raise ConfigError(f"method {name} adapts on an MLM head, and this model has none",
+                              f"use one of {', '.join(runnable)}; or evaluate the model again with "
+                              "--set ttt.mlm_from=BASE_CHECKPOINT (the masked LM it was fine-tuned from)")
 
     # ------------------------------------------------------------------ prediction
 

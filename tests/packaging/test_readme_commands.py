@@ -341,4 +341,5 @@ def test_servers_as_written(checkout):
         proc = sh(curl.replace("127.0.0.1:5001", f"127.0.0.1:{port}"), home, timeout=120)
     assert proc.returncode == 0, proc.stderr
     [pred] = json.loads(proc.stdout)["predictions"]
-    assert pred["label"] in ("negative", "positive") and set(pred) == {"label", "probability", "probabilities"}
+    assert pred["label"] in ("negative", "positive") and pred["truncated"] is False
+    assert set(pred) == {"label", "probability", "probabilities", "method", "truncated"}

@@ -147,6 +147,11 @@ def test_mlflow_model_is_self_contained(mlflow_model_dir):
     assert public.startswith("==") and "+" not in public and torch['sys_platform != "darwin"'] == f"{public}+cpu"
 
 
+def served(records: list[dict], method: str) -> list[dict]:
+    """The served model's answers: Classifier.predict's, plus the method that ran and the truncation flag."""
+    return [{**r, "method": method, "truncated": False} for r in records]
+
+
 def test_pyfunc_predicts_with_the_model_config_and_per_request_params(mlflow_model_dir, clf):
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
@@ -155,15 +160,16 @@ def test_pyfunc_predicts_with_the_model_config_and_per_request_params(mlflow_mod
 
     model = mlflow.pyfunc.load_model(str(mlflow_model_dir))
     configured = clf.predict(TEXTS, "masked_ttt", steps=2, lr=1e-2, batch_size=2)
-    assert model.predict(TEXTS) == configured  # the logged default: masked_ttt with its settings
-    assert model.predict(TEXTS, params={"method": "none"}) == clf.predict(TEXTS, "none", batch_size=2)
-    assert model.predict(TEXTS, params={"steps": 1}) == clf.predict(TEXTS, "masked_ttt", lr=1e-2, batch_size=2)
+    assert model.predict(TEXTS) == served(configured, "masked_ttt")  # the logged default: masked_ttt, its settings
+    assert model.predict(TEXTS, params={"method": "none"}) == served(clf.predict(TEXTS, "none", batch_size=2), "none")
+    assert model.predict(TEXTS, params={"steps": 1}) == served(clf.predict(TEXTS, "masked_ttt", lr=1e-2, batch_size=2),
+                                                                "masked_ttt")
     schema = model.metadata.get_input_schema()
     for body in ({"inputs": TEXTS}, {"dataframe_records": [{"text": t} for t in TEXTS]}):
         r = invocations(json.dumps(body), "application/json", model, schema)
-        assert r.status == 200 and json.loads(r.response) == {"predictions": configured}
+        assert r.status == 200 and json.loads(r.response) == {"predictions": served(configured, "masked_ttt")}
     r = invocations(json.dumps({"inputs": TEXTS[:2], "params": {"method": "none"}}), "application/json", model, schema)
-    assert json.loads(r.response)["predictions"] == clf.predict(TEXTS[:2], "none", batch_size=2)
+    assert json.loads(r.response)["predictions"] == served(clf.predict(TEXTS[:2], "none", batch_size=2), "none")
     with pytest.raises(MlflowException, match=r"ttt\.steps") as bad:
         model.predict(TEXTS, params={"steps": 0})
     assert bad.value.error_code == "INVALID_PARAMETER_VALUE"
@@ -172,7 +178,7 @@ def test_pyfunc_predicts_with_the_model_config_and_per_request_params(mlflow_mod
     _validate_serving_input(str(mlflow_model_dir), (mlflow_model_dir / "serving_input_example.json").read_text())
     # a load-time model_config overrides the logged one, as MLflow documents
     plain = mlflow.pyfunc.load_model(str(mlflow_model_dir), model_config={"method": "none"})
-    assert plain.predict(TEXTS) == clf.predict(TEXTS, "none", batch_size=2)
+    assert plain.predict(TEXTS) == served(clf.predict(TEXTS, "none", batch_size=2), "none")
     # and the Python API reads the same folder without MLflow
     local = load_classifier(mlflow_model_dir, device="cpu")
     assert local.method == "masked_ttt" and local.vocabulary and local.predict(TEXTS) == configured
@@ -275,3 +281,30 @@ def test_unknown_references_are_user_errors(registered, tmp_path, monkeypatch):
     with pytest.raises(PipelineError, match="no MLflow database"):
         load_classifier("models:/x@champion", tracking_uri="sqlite:///absent.db")
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_method_the_model_cannot_run_is_refused_and_answers_say_what_ran(make_tiny_clf):
+    """Masked TTT on a model without an MLM head is a 400 naming why (never a plain prediction under its name);
+    each served answer names the method that ran and whether the model read only the text's head."""
+    from mlflow.exceptions import MlflowException
+
+    from ttt_pipeline.classifier import Classifier
+    from ttt_pipeline.errors import ConfigError
+    from ttt_pipeline.io.mlflow_model import PyfuncClassifier
+
+    model, tok = make_tiny_clf(("neg", "pos"), max_length=16)
+    model.mlm_head = None  # as a Hugging Face classifier brought without ttt.mlm_from
+    clf = Classifier(model, tok, {"method": "spell"})
+    with pytest.raises(ConfigError, match="masked_ttt adapts on an MLM head, and this model has none") as err:
+        clf.predict(["fine"], "masked_ttt")
+    assert "spell" in err.value.hint and "masked_ttt" not in err.value.hint.split(";")[0]
+    pyfunc = PyfuncClassifier(clf)
+    with pytest.raises(MlflowException, match="MLM head") as bad:
+        pyfunc.predict(["fine"], params={"method": "spell+masked_ttt"})
+    assert bad.value.error_code == "INVALID_PARAMETER_VALUE"
+    answers = pyfunc.predict(["fine", " ".join(["long"] * 40)])
+    assert [(a["method"], a["truncated"]) for a in answers] == [("spell", False), ("spell", True)]
+    assert pyfunc.predict(["fine"], params={"method": "none"})[0]["method"] == "none"
+    huge = "fine " * 400_000  # 2 MB: cut to data.max_text_chars as the data step cuts reviews, and said
+    [answer] = pyfunc.predict([huge])
+    assert answer["truncated"] is True and answer["label"] == pyfunc.predict([huge[:20_000]])[0]["label"]

@@ -95,10 +95,11 @@ def test_served_champion_answers_with_none_and_masked_ttt(server, pipeline, test
     labels = set(pipeline["cfg"].data.label_names)
     plain = invoke(server, {"inputs": texts, "params": {"method": "none"}})
     adapted = invoke(server, {"inputs": texts, "params": {"method": "masked_ttt"}})
-    for preds in (plain, adapted):
+    for preds, method in ((plain, "none"), (adapted, "masked_ttt")):
         assert len(preds) == 3
         for p in preds:
-            assert set(p) == {"label", "probability", "probabilities"} and p["label"] in labels
+            assert set(p) == {"label", "probability", "probabilities", "method", "truncated"} and p["label"] in labels
+            assert p["method"] == method and isinstance(p["truncated"], bool)
             assert set(p["probabilities"]) == labels and sum(p["probabilities"].values()) == pytest.approx(1, abs=1e-5)
             assert p["probability"] == max(p["probabilities"].values())
     assert plain != adapted

@@ -315,8 +315,19 @@ def _texts(data) -> list[str]:
     return values
 
 
+def _cut(texts: list[str]) -> tuple[list[str], list[bool]]:
+    """The texts cut to data.max_text_chars' default as the data step cuts reviews (the model reads a few hundred
+    tokens; a 2 MB review would cost the repair seconds for nothing), and which were."""
+    from ttt_pipeline.config.schema import DataConfig
+
+    limit = DataConfig.model_fields["max_text_chars"].default
+    return [t[:limit] for t in texts], [len(t) > limit for t in texts]
+
+
 class PyfuncClassifier:
-    """What `mlflow.pyfunc.load_model` returns the implementation of: predict(data, params) -> list of dicts.
+    """What `mlflow.pyfunc.load_model` returns the implementation of: predict(data, params) -> list of dicts
+    (Classifier.predict's, plus `method`, the method that ran, and `truncated`, whether the text was longer than
+    the model reads).
     With a `recorder` (io.traffic_recorder.TrafficRecorder), every predicted text is also captured."""
 
     def __init__(self, classifier, recorder=None):
@@ -329,9 +340,16 @@ class PyfuncClassifier:
         overrides = {k: v for k, v in (params or {}).items() if v is not None}
         method = overrides.pop("method", None)
         try:
+            texts, cut = _cut(_texts(data))
+            name = self.classifier.settings(method, **overrides)[0]  # a method it cannot run: refused here
             if self.recorder is not None:
-                return self.recorder.predict(_texts(data), method, overrides)
-            return self.classifier.predict(_texts(data), method, **overrides)
+                records = self.recorder.predict(texts, method, overrides)
+            else:
+                records = self.classifier.predict(texts, method, **overrides)
+            # each answer says which method ran and whether the model read only the text's head
+            for record, was_cut, long in zip(records, cut, self.classifier.truncated(texts)):
+                record.update(method=name, truncated=was_cut or long)
+            return records
         except PipelineError as exc:  # a bad request: HTTP 400 with the message and hint
             raise MlflowException.invalid_parameter_value(
                 exc.message + (f" (hint: {exc.hint})" if exc.hint else "")) from None
@@ -374,7 +392,8 @@ def batching_env(environ) -> tuple[int, float]:
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> PyfuncClassifier:
     """MLflow's entry point: `data_path` is the model's data/model folder; `model_config` the stored inference
     configuration with any load-time override (`mlflow.pyfunc.load_model(..., model_config=...)`) on top. With
-    TTT_MONITORING_CAPTURE=1 in the environment the requests are captured (io.traffic_recorder)."""
+    TTT_MONITORING_CAPTURE=1 in the environment the requests are captured (io.traffic_recorder); concurrent
+    requests are batched as TTT_SERVE_BATCH_TEXTS / TTT_SERVE_BATCH_WAIT_MS say (`batching_env`)."""
     import os
 
     from ttt_pipeline.classifier import from_folder, known_settings
