@@ -11,8 +11,8 @@ tests/serving/test_serving_integration.py; the reviews are the shipped demo revi
 Last stdout line: one JSON object.
 
 `--sweep`: served throughput against what the model can do. The limit is the model's batched scoring rate in this
-process (Classifier.predict_proba of 256 reviews, its own batch size, the best of 3 passes). Then one server with
-request batching off (TTT_SERVE_BATCH_TEXTS=0: each request scored alone) and one with it on (the default), each
+process (Classifier.predict_proba of 256 reviews sorted by length, its own batch size, the best of 3 passes). Then two servers at
+once, request batching off (TTT_SERVE_BATCH_TEXTS=0: each request scored alone) and on (the default), each
 loaded with the model's own method at each of `--sweep-clients` (1, 8, 32) concurrent clients: reviews/s, p50/p95
 and `served_fraction_of_limit` (served reviews/s / limit) per setting, and the mismatches against the bodies
 answered alone. The model scores at its stored precision (fp32 on a CPU without bf16 or int8 units).
@@ -81,7 +81,7 @@ def scoring_limit(folder: Path, texts: list[str]) -> dict:
     from ttt_pipeline.classifier import load_local
 
     clf = load_local(folder, device="cpu").prepare()
-    batch = [texts[i % len(texts)] for i in range(256)]
+    batch = sorted((texts[i % len(texts)] for i in range(256)), key=len)  # its best: mini-batches of like lengths
     clf.predict_proba(batch[:32])
     best = min(_timed(lambda: clf.predict_proba(batch)) for _ in range(3))
     return {"reviews": len(batch), "batch_size": clf.config.get("batch_size"), "reviews_per_s": round(256 / best, 1)}
@@ -98,9 +98,11 @@ def sweep(folder: Path, texts: list[str], args, tmp: Path) -> dict:
     limit = scoring_limit(folder, texts)
     log(f"[serve-load] limit: {limit}")
     out = {"limit": limit, "settings": {}}
-    for batching, env in (("off", {"TTT_SERVE_BATCH_TEXTS": "0"}), ("on", {})):
-        with model_server(folder, tmp / f"serve-{batching}.log", env=env) as url:
-            for clients in args.sweep_clients:
+    with model_server(folder, tmp / "serve-off.log", env={"TTT_SERVE_BATCH_TEXTS": "0"}) as off_url, \
+            model_server(folder, tmp / "serve-on.log") as on_url:
+        for k, clients in enumerate(args.sweep_clients):  # both servers up; which goes first alternates
+            arms = (("off", off_url), ("on", on_url))
+            for batching, url in arms if k % 2 == 0 else arms[::-1]:
                 row = load(url, texts, None, argparse.Namespace(requests=args.requests, clients=clients))
                 row["reviews_per_s"] = round(row["reviews"] / row["wall_s"], 1)
                 row["served_fraction_of_limit"] = round(row["reviews_per_s"] / limit["reviews_per_s"], 3)

@@ -32,7 +32,7 @@ import numpy as np
 class _Batch:
     key: Hashable
     texts: list[str] = field(default_factory=list)
-    spans: list[tuple[int, int]] = field(default_factory=list)
+    calls: int = 1
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -49,13 +49,14 @@ class BatchStats:
 
 
 class RequestBatcher:
-    """Coalesces concurrent `submit(key, texts)` calls of one key into single `score(key, texts)` passes.
+    """Coalesces concurrent `submit(key, texts)` calls of one key into single `score(key, texts, calls)` passes
+    (`calls`: how many callers share it).
 
     `score` returns a tuple whose items are row-aligned with `texts` (arrays or lists) or None; each caller gets
     the same tuple cut to its rows. `model_lock` is the lock a pass holds (shared with the callers that do not
     batch, so the two never run at once)."""
 
-    def __init__(self, score: Callable[[Hashable, list[str]], tuple], model_lock: threading.Lock,
+    def __init__(self, score: Callable[[Hashable, list[str], int], tuple], model_lock: threading.Lock,
                  max_texts: int = 64, max_wait_s: float = 0.0):
         if max_texts < 1 or max_wait_s < 0:
             raise ValueError(f"max_texts must be >= 1 and max_wait_s >= 0, got {max_texts}, {max_wait_s}")
@@ -89,6 +90,7 @@ class RequestBatcher:
             if batch is not None and batch.texts and len(batch.texts) + len(texts) <= self.max_texts:
                 start = len(batch.texts)
                 batch.texts.extend(texts)
+                batch.calls += 1
                 return batch, start, False
             batch = _Batch(key, list(texts))
             self._open[key] = batch
@@ -101,12 +103,12 @@ class RequestBatcher:
             with self._guard:  # no one joins once the model is ours
                 if self._open.get(batch.key) is batch:
                     del self._open[batch.key]
-                texts = list(batch.texts)
+                texts, calls = list(batch.texts), batch.calls
                 self._passes += 1
                 self._texts += len(texts)
                 self._largest = max(self._largest, len(texts))
             try:
-                batch.result = self.score(batch.key, texts)
+                batch.result = self.score(batch.key, texts, calls)
             except BaseException as exc:  # every caller of the batch learns it
                 batch.error = exc
             finally:

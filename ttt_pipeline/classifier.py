@@ -123,6 +123,7 @@ class _BatchKey:
     settings: str
     repairs: bool
     ttt: Any = dataclasses.field(compare=False, hash=False)
+    raw: bool = False  # the pass also scores the unrepaired texts its repairs changed (traffic capture)
 
 
 class Classifier:
@@ -290,6 +291,27 @@ class Classifier:
                                    self.device, progress, [], self.runtime(ttt.precision).score.dtype)
         return softmax(logits), name, (list(seen) if has_repairs else None)
 
+    def predict_with_raw(self, texts: Iterable[str], method: str | None = None,
+                         progress: Callable[[int, int], None] | None = None,
+                         **overrides) -> tuple[np.ndarray, str, list[str] | None, dict[int, np.ndarray]]:
+        """`predict_traced`'s (probabilities, method, texts seen) and {index: class probabilities} of each text the
+        repairs changed, unrepaired, by the method's engine alone: what the repair changed in the answer (traffic
+        capture's raw_label). Where the method batches, the unrepaired texts ride in the same pass."""
+        from ttt_pipeline.defenses import registry
+
+        texts = check_texts(texts)
+        name, ttt = self.settings(method, **overrides)
+        key = self._batch_key(name, ttt, progress)
+        if key is None or not key.repairs or not texts:
+            probs, name, seen = self.predict_traced(texts, method, progress, **overrides)
+            changed = [i for i, (a, b) in enumerate(zip(texts, seen or texts)) if a != b]
+            raw = self.predict_proba([texts[i] for i in changed], registry.parse(name).engine,
+                                     **overrides) if changed else []
+            return probs, name, seen, dict(zip(changed, raw))
+        logits, seen, raw_logits = self._batcher.submit(dataclasses.replace(key, raw=True), texts)
+        changed = np.flatnonzero(~np.isnan(raw_logits[:, 0]))
+        return softmax(logits), name, seen, dict(zip(changed.tolist(), softmax(raw_logits[changed])))
+
     def _batch_key(self, name: str, ttt, progress) -> "_BatchKey | None":
         """The batch a call may share (same method, same settings), or None when it is scored alone: batching
         off, a progress callback (a caller watching its own call), or an engine that adapts per call."""
@@ -302,16 +324,34 @@ class Classifier:
             return None
         return _BatchKey(name, ttt.model_dump_json(), bool(parsed.repairs), ttt)
 
-    def _score_batch(self, key: "_BatchKey", texts: list[str]) -> tuple[np.ndarray, list[str] | None]:
-        """One pass of the batcher (it holds the lock): (logits, the texts after the repairs or None)."""
-        from ttt_pipeline.evaluation.scoring import predict_texts
-
+    def _score_batch(self, key: "_BatchKey", texts: list[str], calls: int = 1) -> tuple:
+        """One pass of the batcher (it holds the lock) for `calls` callers: (logits, the texts after the repairs or
+        None), and with `key.raw` the logits of the changed texts unrepaired (NaN rows where the repairs changed
+        nothing), scored after the others as a lone call would score them."""
         seen = texts
         for fix in self._repairs(key.name, key.ttt):
             seen = fix(seen)
-        logits = predict_texts(self.model, self.tokenizer, seen, key.name, key.ttt, self.max_length,
-                               key.ttt.batch_size, self.device, None, [], self.runtime(key.ttt.precision).score.dtype)
-        return logits, (list(seen) if key.repairs else None)
+        # A pass of several calls goes shortest first: each mini-batch pads to its longest text, and a plain
+        # forward pass's answer does not depend on its neighbours (but for the last float bits), so it costs less
+        # padding; every row comes back in the callers' order. A lone call keeps its own order: the evaluate
+        # step's batches, its numbers bit for bit.
+        order = sorted(range(len(seen)), key=lambda i: len(seen[i])) if calls > 1 else list(range(len(seen)))
+        logits = np.empty((len(seen), len(self.label_names)), dtype=np.float32)
+        logits[order] = self._forward(key, [seen[i] for i in order])
+        out = logits, (list(seen) if key.repairs else None)
+        if not key.raw:
+            return out
+        changed = [i for i, (a, b) in enumerate(zip(texts, seen)) if a != b]
+        raw = np.full_like(logits, np.nan)
+        if changed:
+            raw[changed] = self._forward(key, [texts[i] for i in changed])
+        return (*out, raw)
+
+    def _forward(self, key: "_BatchKey", texts: list[str]) -> np.ndarray:
+        from ttt_pipeline.evaluation.scoring import predict_texts
+
+        return predict_texts(self.model, self.tokenizer, texts, "none", key.ttt, self.max_length, key.ttt.batch_size,
+                             self.device, None, [], self.runtime(key.ttt.precision).score.dtype)
 
     def repair_texts(self, texts: Iterable[str], method: str | None = None, **overrides) -> list[str] | None:
         """The texts after `method`'s repairs (default: the configured method's); None when it has none."""

@@ -14,7 +14,7 @@ from ttt_pipeline.batching import RequestBatcher
 
 
 def _scorer(log: list):
-    def score(key, texts):
+    def score(key, texts, calls):
         log.append((key, list(texts)))
         return np.array([len(t) for t in texts]), [t.upper() for t in texts], "whole"
     return score
@@ -74,7 +74,7 @@ def test_a_pass_holds_at_most_max_texts_and_keys_never_mix():
 def test_a_failed_pass_fails_its_callers_and_the_next_pass_runs():
     lock, seen = threading.Lock(), []
 
-    def score(key, texts):
+    def score(key, texts, calls):
         seen.append(list(texts))
         if "bad" in texts:
             raise RuntimeError("model fault")

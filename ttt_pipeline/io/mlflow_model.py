@@ -347,8 +347,10 @@ class PyfuncClassifier:
             else:
                 records = self.classifier.predict(texts, method, **overrides)
             # each answer says which method ran and whether the model read only the text's head
-            for record, was_cut, long in zip(records, cut, self.classifier.truncated(texts)):
-                record.update(method=name, truncated=was_cut or long)
+            read = ([r["truncated"] for r in records] if all("truncated" in r for r in records)  # captured
+                    else self.classifier.truncated(texts))
+            for record, was_cut, long in zip(records, cut, read):
+                record.update(method=name, truncated=bool(was_cut or long))
             return records
         except PipelineError as exc:  # a bad request: HTTP 400 with the message and hint
             raise MlflowException.invalid_parameter_value(

@@ -7,8 +7,9 @@ the scripts of its words), `raw_label` (the prediction on the unrepaired text) o
 changed the text, `truncated` (longer than the model reads) and the text unless `store_text` is false.
 
 Cost on the request path: the descriptors (regular expressions, linear in the text), one tokenisation for
-`truncated`, and one extra prediction, by the method's engine alone, for the texts the repair changed; a
-descriptor repair of its own only when the request's method repairs differently from the model's default. The
+`truncated` (the served answer's flag too), and the texts the repair changed scored once more unrepaired, by the
+method's engine alone (in the same pass where the method batches: Classifier.predict_with_raw); a descriptor
+repair of its own only when the request's method repairs differently from the model's default. The
 writing is off the path (the writer's queue and thread, io/traffic_capture.py). Recording never fails a request:
 a fault in the descriptors or the rows is counted (`stats()`) and logged once a minute at most; the prediction
 is answered as without capture.
@@ -27,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from ttt_pipeline.errors import ConfigError
 
@@ -139,15 +142,20 @@ class TrafficRecorder:
                 progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
         """`Classifier.predict`'s answer for `texts`, each text recorded (never an error from the recording)."""
         overrides = dict(overrides or {})
-        probs, name, seen = self.clf.predict_traced(texts, method, progress, **overrides)
-        self.record(texts, name, probs, seen, overrides)
-        return self.clf.records(probs)
+        probs, name, seen, raw = self.clf.predict_with_raw(texts, method, progress, **overrides)
+        truncated = self.record(texts, name, probs, seen, overrides, raw)
+        records = self.clf.records(probs)
+        if truncated is not None:  # the served answer's flag, without tokenising twice
+            for r, cut in zip(records, truncated):
+                r["truncated"] = cut
+        return records
 
     def record(self, texts: list[str], method: str, probs, seen: list[str] | None,
-               overrides: Mapping[str, Any]) -> None:
-        """Hands the rows of one prediction to the writer; a fault is counted and logged, never raised."""
+               overrides: Mapping[str, Any], raw: Mapping[int, Any]) -> list[bool] | None:
+        """Hands the rows of one prediction to the writer; a fault is counted and logged, never raised. Returns
+        each text's `truncated` as recorded (None when the rows could not be made)."""
         try:
-            rows = self.rows(texts, method, probs, seen, overrides)
+            rows = self.rows(texts, method, probs, seen, overrides, raw)
             writer = self.writer  # made on first use: a store that cannot open is a fault like any other
         except Exception as exc:  # a side effect never breaks the prediction it records
             self._failed(len(texts), repr(exc))
@@ -155,18 +163,19 @@ class TrafficRecorder:
         writer.record(rows)  # never raises: the writer drops and counts what it cannot store
         with self._lock:
             self.recorded += len(rows)
+        return [r["truncated"] for r in rows]
 
     def rows(self, texts: list[str], method: str, probs, seen: list[str] | None,
-             overrides: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The TRAFFIC_SCHEMA rows (less `ts`, stamped by the writer) of one prediction."""
-        from ttt_pipeline.defenses import registry
+             overrides: Mapping[str, Any], raw_probs: Mapping[int, Any]) -> list[dict[str, Any]]:
+        """The TRAFFIC_SCHEMA rows (less `ts`, stamped by the writer) of one prediction; `raw_probs` the class
+        probabilities of the texts the repair changed, unrepaired (Classifier.predict_with_raw)."""
         from ttt_pipeline.evaluation.descriptors import text_descriptors
 
         if not texts:
             return []
         names = self.clf.label_names
         top = probs.argmax(axis=1)
-        raw = self._raw_labels(texts, seen, registry.parse(method).engine, overrides)
+        raw = {i: names[int(np.argmax(p))] for i, p in raw_probs.items()}
         repaired = seen if self._same_repair(method, overrides) else self.clf.repair_texts(texts,
                                                                                             self.descriptor_method)
         described = text_descriptors(texts, repaired, self.vocabulary, self.scripts)
@@ -186,16 +195,6 @@ class TrafficRecorder:
         repairs = registry.parse(method).repairs
         touched = any(k.split(".")[0] in repairs for k in overrides)
         return "+".join(repairs) == self.descriptor_method and not touched
-
-    def _raw_labels(self, texts: list[str], seen: list[str] | None, engine: str,
-                    overrides: Mapping[str, Any]) -> dict[int, str]:
-        """index -> the label of the unrepaired text, by the method's engine alone, for the texts its repair
-        changed (one extra prediction, of those only)."""
-        changed = [i for i, (a, b) in enumerate(zip(texts, seen or texts)) if a != b]
-        if not changed:
-            return {}
-        probs = self.clf.predict_proba([texts[i] for i in changed], engine, **overrides)
-        return {i: self.clf.label_names[int(p.argmax())] for i, p in zip(changed, probs)}
 
     def _failed(self, n: int, why: str) -> None:
         with self._lock:
