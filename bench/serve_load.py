@@ -13,7 +13,8 @@ Last stdout line: one JSON object.
 `--sweep`: served throughput against what the model can do. The limit is the model's batched scoring rate in this
 process (Classifier.predict_proba of 256 reviews sorted by length, its own batch size, the best of 3 passes). Then two servers at
 once, request batching off (TTT_SERVE_BATCH_TEXTS=0: each request scored alone) and on (the default), each
-loaded with the model's own method at each of `--sweep-clients` (1, 8, 32) concurrent clients: reviews/s, p50/p95
+loaded with the model's own method at each of `--sweep-clients` (1, 8, 32) concurrent clients in rounds off, on,
+on, off (latencies pooled per arm): reviews/s, p50/p95
 and `served_fraction_of_limit` (served reviews/s / limit) per setting, and the mismatches against the bodies
 answered alone. The model scores at its stored precision (fp32 on a CPU without bf16 or int8 units).
 
@@ -73,7 +74,8 @@ def load(url: str, texts: list[str], method: str, args) -> dict:
     return {"requests": len(sent), "reviews": sum(len(b["inputs"]) for b in sent), "wall_s": round(wall, 3),
             "clients": args.clients, "distinct_bodies": len(alone),
             "p50_ms": round(statistics.median(lat), 1), "p95_ms": round(lat[int(0.95 * len(lat)) - 1], 1),
-            "max_ms": round(lat[-1], 1), "requests_per_s": round(len(sent) / wall, 2), "mismatches": mismatches}
+            "max_ms": round(lat[-1], 1), "requests_per_s": round(len(sent) / wall, 2), "mismatches": mismatches,
+            "latencies_ms": [round(x, 2) for x in lat]}
 
 
 def scoring_limit(folder: Path, texts: list[str]) -> dict:
@@ -100,15 +102,28 @@ def sweep(folder: Path, texts: list[str], args, tmp: Path) -> dict:
     out = {"limit": limit, "settings": {}}
     with model_server(folder, tmp / "serve-off.log", env={"TTT_SERVE_BATCH_TEXTS": "0"}) as off_url, \
             model_server(folder, tmp / "serve-on.log") as on_url:
-        for k, clients in enumerate(args.sweep_clients):  # both servers up; which goes first alternates
-            arms = (("off", off_url), ("on", on_url))
-            for batching, url in arms if k % 2 == 0 else arms[::-1]:
-                row = load(url, texts, None, argparse.Namespace(requests=args.requests, clients=clients))
-                row["reviews_per_s"] = round(row["reviews"] / row["wall_s"], 1)
+        urls = {"off": off_url, "on": on_url}
+        for clients in args.sweep_clients:  # both servers up, rounds off, on, on, off: a drift falls on both
+            rounds = {"off": [], "on": []}
+            for batching in ("off", "on", "on", "off"):
+                rounds[batching].append(load(urls[batching], texts, None,
+                                             argparse.Namespace(requests=args.requests, clients=clients)))
+            for batching, rows in rounds.items():
+                row = pooled(rows)
                 row["served_fraction_of_limit"] = round(row["reviews_per_s"] / limit["reviews_per_s"], 3)
                 out["settings"][f"batching_{batching}_clients_{clients}"] = row
                 log(f"[serve-load] batching {batching}, {clients} clients: {row}")
     return out
+
+
+def pooled(rows: list[dict]) -> dict:
+    """Rounds of `load` as one: latencies pooled, rates over the summed wall time, mismatches summed."""
+    lat = sorted(x for r in rows for x in r["latencies_ms"])
+    wall, reviews = sum(r["wall_s"] for r in rows), sum(r["reviews"] for r in rows)
+    return {"requests": len(lat), "reviews": reviews, "rounds": len(rows), "clients": rows[0]["clients"],
+            "p50_ms": round(statistics.median(lat), 1), "p95_ms": round(lat[int(0.95 * len(lat)) - 1], 1),
+            "max_ms": round(lat[-1], 1), "requests_per_s": round(len(lat) / wall, 2),
+            "reviews_per_s": round(reviews / wall, 1), "mismatches": sum(r["mismatches"] for r in rows)}
 
 
 def latency_summary(lat_s: list[float], wall_s: float) -> dict:
@@ -199,6 +214,7 @@ def main(argv=None) -> None:
         with model_server(folder, Path(tmp) / "serve.log") as url:
             for method in args.methods:
                 out["methods"][method] = load(url, texts, None if method == "default" else method, args)
+                out["methods"][method].pop("latencies_ms")
                 log(f"[serve-load] {method}: {out['methods'][method]}")
     print(json.dumps(out) if args.json else json.dumps(out, indent=1))
 

@@ -81,6 +81,7 @@ def test_sweep_reports_the_limit_and_each_setting_as_a_fraction_of_it(make_tiny_
     assert out["limit"]["reviews"] == 256 and out["limit"]["reviews_per_s"] > 0
     assert set(out["settings"]) == {f"batching_{b}_clients_{c}" for b in ("off", "on") for c in (1, 3)}
     for name, row in out["settings"].items():
-        assert row["reviews"] == 12 and row["mismatches"] == 0, name  # bodies of 1, 2, 3, 1, 2, 3 reviews
+        # two rounds an arm of six bodies of 1, 2, 3, 1, 2, 3 reviews
+        assert row["rounds"] == 2 and row["reviews"] == 24 and row["requests"] == 12 and row["mismatches"] == 0, name
         assert row["served_fraction_of_limit"] == pytest.approx(
             row["reviews_per_s"] / out["limit"]["reviews_per_s"], abs=1e-3), name
