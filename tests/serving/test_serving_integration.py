@@ -154,7 +154,8 @@ def test_served_equals_predict_cli_and_the_evaluate_step(server, pipeline, test_
         assert proc.returncode == 0, proc.stderr[-3000:]
         cli = [{k: r[k] for k in ("label", "probability", "probabilities")}
                for r in map(json.loads, out.read_text().splitlines())]
-        assert cli == served, method
+        assert cli == [{k: r[k] for k in ("label", "probability", "probabilities")} for r in served], method
+        assert {r["method"] for r in served} == {method}, method
         rows = stored[stored["method"] == method]
         if method == "masked_ttt":  # the mask seed a served model uses: ttt.seed
             rows = rows[rows["mask_seed"] == cfg.ttt.seed]
