@@ -2,8 +2,7 @@
 `prefect server` process on 127.0.0.1) and a real MLflow server on 127.0.0.1; two tiny models are logged as two
 pipeline runs' fine-tune outputs (no training: two seeds of the tiny classifier) and registered by the pipeline's
 own registry task, so the second promotion emits `ttt.champion.promoted` as a pipeline run would. The server picks
-the event up and answers from the new version within 60 s, while a client looping requests sees no failure. Each
-version's server runs two scoring processes (--workers 2): the switch holds with more than one."""
+the event up and answers from the new version within 60 s, while a client looping requests sees no failure."""
 
 from __future__ import annotations
 
@@ -136,7 +135,7 @@ def serve(registered):
         env.pop(var, None)
     with open(log, "w") as out:
         proc = subprocess.Popen([str(BIN / "ttt-pipeline"), "serve", "--model", NAME, "--tracking-uri",
-                                 registered["uri"], "--port", str(port), "--follow", "events", "--workers", "2",
+                                 registered["uri"], "--port", str(port), "--follow", "events",
                                  "--log-dir", str(registered["tmp"] / "serve-logs")],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -188,5 +187,3 @@ def test_serve_switches_to_the_new_champion_without_a_failed_request(serve, regi
     print(f"switched {switched:.1f} s after the promotion; {len(answers)} requests, none failed")
     log = serve["log"].read_text()
     assert "follows the champion: events" in log and "switched" in log and "stopped v1" in log
-    backends = [p.read_text() for p in (registered["tmp"] / "serve-logs").glob("model-v2-*.log")]
-    assert any("Started parent process" in b for b in backends), backends  # uvicorn's line for several workers
