@@ -117,13 +117,15 @@ def check_texts(texts: Iterable[Any]) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class _BatchKey:
-    """What calls sharing a pass have in common: the method and its settings (as JSON; `ttt` rides along)."""
+    """What calls sharing a pass have in common: the method, its settings (as JSON; `ttt` rides along) and whether
+    the unrepaired texts are scored too."""
 
     name: str
     settings: str
     repairs: bool
+    engine: str
+    raw: bool  # the pass also scores the unrepaired texts its repairs changed (traffic capture)
     ttt: Any = dataclasses.field(compare=False, hash=False)
-    raw: bool = False  # the pass also scores the unrepaired texts its repairs changed (traffic capture)
 
 
 class Classifier:
@@ -251,107 +253,81 @@ class Classifier:
     def predict_logits(self, texts: Iterable[str], method: str | None = None,
                        progress: Callable[[int, int], None] | None = None, **overrides) -> np.ndarray:
         """Class logits (n x classes) under the configured method, or `method` and `overrides` for this call."""
-        from ttt_pipeline.evaluation.scoring import predict_texts
-
-        texts = check_texts(texts)
-        name, ttt = self.settings(method, **overrides)
-        if not texts:
-            return np.zeros((0, len(self.label_names)), dtype=np.float32)
-        key = self._batch_key(name, ttt, progress)
-        if key is not None:
-            return self._batcher.submit(key, texts)[0]
-        with self._lock:  # engines adapt the shared weights in place (and restore them): one call at a time
-            repairs = self._repairs(name, ttt)
-            return predict_texts(self.model, self.tokenizer, texts, name, ttt, self.max_length, ttt.batch_size,
-                                 self.device, progress, repairs, self.runtime(ttt.precision).score.dtype)
+        return self._predict(texts, method, progress, overrides)[0]
 
     def predict_traced(self, texts: Iterable[str], method: str | None = None,
                        progress: Callable[[int, int], None] | None = None,
                        **overrides) -> tuple[np.ndarray, str, list[str] | None]:
         """(class probabilities, the method's name, the texts its engine saw: after its repairs, None when it has
-        none). The same probabilities as `predict_proba`: the repairs are applied here instead of inside
-        `predict_texts`, so the caller learns which texts they changed without repairing twice (traffic capture)."""
-        from ttt_pipeline.defenses import registry
-        from ttt_pipeline.evaluation.scoring import predict_texts
-
-        texts = check_texts(texts)
-        name, ttt = self.settings(method, **overrides)
-        has_repairs = bool(registry.parse(name).repairs)
-        if not texts:
-            return np.zeros((0, len(self.label_names)), dtype=np.float32), name, [] if has_repairs else None
-        key = self._batch_key(name, ttt, progress)
-        if key is not None:
-            logits, seen = self._batcher.submit(key, texts)
-            return softmax(logits), name, seen
-        with self._lock:
-            seen = texts
-            for fix in self._repairs(name, ttt):
-                seen = fix(seen)
-            logits = predict_texts(self.model, self.tokenizer, seen, name, ttt, self.max_length, ttt.batch_size,
-                                   self.device, progress, [], self.runtime(ttt.precision).score.dtype)
-        return softmax(logits), name, (list(seen) if has_repairs else None)
+        none). The same probabilities as `predict_proba`; the caller learns which texts the repairs changed
+        without repairing twice (traffic capture)."""
+        logits, name, seen, _ = self._predict(texts, method, progress, overrides)
+        return softmax(logits), name, seen
 
     def predict_with_raw(self, texts: Iterable[str], method: str | None = None,
                          progress: Callable[[int, int], None] | None = None,
                          **overrides) -> tuple[np.ndarray, str, list[str] | None, dict[int, np.ndarray]]:
         """`predict_traced`'s (probabilities, method, texts seen) and {index: class probabilities} of each text the
         repairs changed, unrepaired, by the method's engine alone: what the repair changed in the answer (traffic
-        capture's raw_label). Where the method batches, the unrepaired texts ride in the same pass."""
-        from ttt_pipeline.defenses import registry
+        capture's raw_label), scored under the same hold of the model (in the same pass where the method batches)."""
+        logits, name, seen, raw = self._predict(texts, method, progress, overrides, raw=True)
+        changed = np.flatnonzero(~np.isnan(raw[:, 0]))
+        return softmax(logits), name, seen, dict(zip(changed.tolist(), softmax(raw[changed])))
 
+    def _predict(self, texts, method, progress, overrides: dict, raw: bool = False) -> tuple:
+        """(logits, method name, texts seen or None, the changed texts' unrepaired logits or None): through the
+        request batcher where the call may share a pass, else alone under the lock (the engines adapt the shared
+        weights in place and restore them: one call at a time)."""
         texts = check_texts(texts)
         name, ttt = self.settings(method, **overrides)
-        key = self._batch_key(name, ttt, progress)
-        if key is None or not key.repairs or not texts:
-            probs, name, seen = self.predict_traced(texts, method, progress, **overrides)
-            changed = [i for i, (a, b) in enumerate(zip(texts, seen or texts)) if a != b]
-            raw = self.predict_proba([texts[i] for i in changed], registry.parse(name).engine,
-                                     **overrides) if changed else []
-            return probs, name, seen, dict(zip(changed, raw))
-        logits, seen, raw_logits = self._batcher.submit(dataclasses.replace(key, raw=True), texts)
-        changed = np.flatnonzero(~np.isnan(raw_logits[:, 0]))
-        return softmax(logits), name, seen, dict(zip(changed.tolist(), softmax(raw_logits[changed])))
+        key = self._batch_key(name, ttt, raw)
+        if not texts:
+            empty = np.zeros((0, len(self.label_names)), dtype=np.float32)
+            return empty, name, [] if key.repairs else None, empty
+        if self._batcher is not None and progress is None and key.engine == "none":
+            logits, seen, raw_logits = self._batcher.submit(key, texts)
+        else:  # batching off, a caller watching its own call's progress, or an engine that adapts per call
+            with self._lock:
+                logits, seen, raw_logits = self._score_batch(key, texts, 1, progress)
+        return logits, name, seen, raw_logits
 
-    def _batch_key(self, name: str, ttt, progress) -> "_BatchKey | None":
-        """The batch a call may share (same method, same settings), or None when it is scored alone: batching
-        off, a progress callback (a caller watching its own call), or an engine that adapts per call."""
+    def _batch_key(self, name: str, ttt, raw: bool) -> "_BatchKey":
         from ttt_pipeline.defenses import registry
 
-        if self._batcher is None or progress is not None:
-            return None
         parsed = registry.parse(name)
-        if parsed.engine != "none":
-            return None
-        return _BatchKey(name, ttt.model_dump_json(), bool(parsed.repairs), ttt)
+        return _BatchKey(name, ttt.model_dump_json(), bool(parsed.repairs), parsed.engine, raw, ttt)
 
-    def _score_batch(self, key: "_BatchKey", texts: list[str], calls: int = 1) -> tuple:
-        """One pass of the batcher (it holds the lock) for `calls` callers: (logits, the texts after the repairs or
-        None), and with `key.raw` the logits of the changed texts unrepaired (NaN rows where the repairs changed
-        nothing), scored after the others as a lone call would score them."""
-        seen = texts
-        for fix in self._repairs(key.name, key.ttt):
-            seen = fix(seen)
+    def _score_batch(self, key: "_BatchKey", texts: list[str], calls: int = 1, progress=None) -> tuple:
+        """One pass (the caller holds the lock) for `calls` callers: (logits, the texts after the repairs or None,
+        with `key.raw` the changed texts' logits unrepaired by the engine alone, NaN rows where the repairs changed
+        nothing, else None)."""
+        seen = self._repaired(key.name, key.ttt, texts)
         # A pass of several calls goes shortest first: each mini-batch pads to its longest text, and a plain
         # forward pass's answer does not depend on its neighbours (but for the last float bits), so it costs less
         # padding; every row comes back in the callers' order. A lone call keeps its own order: the evaluate
         # step's batches, its numbers bit for bit.
         order = sorted(range(len(seen)), key=lambda i: len(seen[i])) if calls > 1 else list(range(len(seen)))
         logits = np.empty((len(seen), len(self.label_names)), dtype=np.float32)
-        logits[order] = self._forward(key, [seen[i] for i in order])
-        out = logits, (list(seen) if key.repairs else None)
-        if not key.raw:
-            return out
-        changed = [i for i, (a, b) in enumerate(zip(texts, seen)) if a != b]
-        raw = np.full_like(logits, np.nan)
-        if changed:
-            raw[changed] = self._forward(key, [texts[i] for i in changed])
-        return (*out, raw)
+        logits[order] = self._forward(key.name, key.ttt, [seen[i] for i in order], progress)
+        raw = None
+        if key.raw:
+            changed = [i for i, (a, b) in enumerate(zip(texts, seen)) if a != b]
+            raw = np.full_like(logits, np.nan)
+            if changed:
+                raw[changed] = self._forward(key.engine, key.ttt, [texts[i] for i in changed])
+        return logits, (list(seen) if key.repairs else None), raw
 
-    def _forward(self, key: "_BatchKey", texts: list[str]) -> np.ndarray:
+    def _repaired(self, name: str, ttt, texts: list[str]) -> list[str]:
+        for fix in self._repairs(name, ttt):
+            texts = fix(texts)
+        return texts
+
+    def _forward(self, method: str, ttt, texts: list[str], progress=None) -> np.ndarray:
+        """`method`'s logits of texts already repaired (the evaluate step's code: predict_texts)."""
         from ttt_pipeline.evaluation.scoring import predict_texts
 
-        return predict_texts(self.model, self.tokenizer, texts, "none", key.ttt, self.max_length, key.ttt.batch_size,
-                             self.device, None, [], self.runtime(key.ttt.precision).score.dtype)
+        return predict_texts(self.model, self.tokenizer, texts, method, ttt, self.max_length, ttt.batch_size,
+                             self.device, progress, [], self.runtime(ttt.precision).score.dtype)
 
     def repair_texts(self, texts: Iterable[str], method: str | None = None, **overrides) -> list[str] | None:
         """The texts after `method`'s repairs (default: the configured method's); None when it has none."""
@@ -362,9 +338,7 @@ class Classifier:
         if not registry.parse(name).repairs:
             return None
         with self._lock:  # the repairs' cache is shared with predictions
-            for fix in self._repairs(name, ttt):
-                texts = fix(texts)
-        return list(texts)
+            return list(self._repaired(name, ttt, texts))
 
     def truncated(self, texts: Iterable[str]) -> list[bool]:
         """Whether each text is longer than the model reads (`max_length` tokens, special tokens included). A long
