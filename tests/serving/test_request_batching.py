@@ -149,7 +149,7 @@ def test_several_workers_split_the_cores_and_one_worker_keeps_torchs_default(mon
 
     assert serving.threads_per_worker(2, cores=8) == 4 and serving.threads_per_worker(3, cores=2) == 1
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(serving, "machine_cores", lambda: 16)
+    monkeypatch.setattr("ttt_pipeline.cores.available_cores", lambda: 16)
     env = serving.backend_env("m", "1", "sqlite:///x.db", Path("/bin"), workers=4)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
     assert "OMP_NUM_THREADS" not in serving.backend_env("m", "1", "sqlite:///x.db", Path("/bin"))

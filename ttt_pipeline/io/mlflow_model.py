@@ -341,7 +341,7 @@ class PyfuncClassifier:
         method = overrides.pop("method", None)
         try:
             texts, cut = _cut(_texts(data))
-            name = self.classifier.settings(method, **overrides)[0]  # a method it cannot run: refused here
+            name = method or self.classifier.method  # the method that runs (refused below if it cannot)
             if self.recorder is not None:
                 records = self.recorder.predict(texts, method, overrides)
             else:

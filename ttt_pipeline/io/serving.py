@@ -64,18 +64,12 @@ class Backend:
         return f"http://127.0.0.1:{self.port}"
 
 
-def machine_cores() -> int:
-    """The cores this process may run on (the cgroup's or affinity's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
     """Intra-op threads of each of `workers` scoring processes so that workers x threads = the cores (at least 1):
     each worker's torch would otherwise take every core, and N workers would oversubscribe them N times."""
-    return max(1, (cores or machine_cores()) // max(1, workers))
+    from ttt_pipeline.cores import available_cores
+
+    return max(1, (cores or available_cores()) // max(1, workers))
 
 
 def backend_env(model_name: str, version: str, tracking_uri: str, bin_dir: Path, monitoring=None,

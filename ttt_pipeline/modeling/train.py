@@ -42,11 +42,9 @@ Progress = Callable[[str, int, int, dict], None]
 def set_threads() -> int:
     """All cores of the machine (or the cgroup's share) for intra-op work, split evenly between the ranks of a
     data-parallel job on this node (LOCAL_WORLD_SIZE, set by torchrun), so the ranks do not oversubscribe them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    n = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("TTT_DDP_LOCAL_WORLD", "1"))))
+    from ttt_pipeline.cores import available_cores
+
+    n = max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("TTT_DDP_LOCAL_WORLD", "1"))))
     torch.set_num_threads(n)
     return n
 
