@@ -24,6 +24,7 @@ No MLflow here: folders load directly; `ttt_pipeline.io.mlflow_model.load_classi
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -140,6 +141,11 @@ class Classifier:
         self.device = device
         self.source = source
         self._lock = threading.Lock()
+        # `truncated` runs outside the model's lock (a served answer's flag must not queue behind a forward pass)
+        # on its own copy of the tokenizer: a fast tokenizer keeps its truncation setting in shared state, so
+        # two threads that tokenise with different max_length through one instance read each other's setting.
+        self._length_lock = threading.Lock()
+        self._length_tokenizer = None
         self._repair_cache: dict[tuple, Callable[[list[str]], list[str]]] = {}
         self._runtimes: dict[str, Any] = {}
         self._batcher: RequestBatcher | None = None
@@ -357,7 +363,10 @@ class Classifier:
     def _longer(self, texts: list[str]) -> list[bool]:
         if not texts:
             return []
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length + 1)["input_ids"]
+        with self._length_lock:
+            if self._length_tokenizer is None:
+                self._length_tokenizer = copy.deepcopy(self.tokenizer)
+            ids = self._length_tokenizer(texts, truncation=True, max_length=self.max_length + 1)["input_ids"]
         return [len(row) > self.max_length for row in ids]
 
     def predict_proba(self, texts: Iterable[str], method: str | None = None, **overrides) -> np.ndarray:

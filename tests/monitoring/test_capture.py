@@ -5,6 +5,7 @@ be written, a descriptor that raises, NUL bytes, invalid Unicode, a 1 MB review)
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -233,3 +234,28 @@ def test_truncated_agrees_with_tokenising_the_whole_text(spell_model_dir):
     want = [len(clf.tokenizer(t)["input_ids"]) > n for t in texts]
     assert clf.truncated(texts) == want
     assert want[:4] == [False, False, True, True]  # n - 2 words and [CLS] [SEP] fill it exactly
+
+
+def test_truncated_holds_while_other_threads_tokenise_for_the_model(spell_model_dir):
+    """A fast tokenizer keeps its truncation setting in shared state: `truncated` (which reads max_length + 1
+    tokens, outside the model's lock) must not read the max_length the predictions of other threads set."""
+    from ttt_pipeline.io.mlflow_model import load_classifier
+
+    clf = load_classifier(spell_model_dir, device="cpu")
+    long_texts = ["battery life " * clf.max_length] * 8
+    stop, answers = threading.Event(), []
+
+    def predict_loop():
+        while not stop.is_set():
+            clf.predict(long_texts, "none")
+            clf.tokenizer(long_texts, truncation=True, max_length=clf.max_length)
+
+    thread = threading.Thread(target=predict_loop)
+    thread.start()
+    try:
+        for _ in range(300):
+            answers.extend(clf.truncated(long_texts[:2]))
+    finally:
+        stop.set()
+        thread.join(30)
+    assert answers == [True] * 600

@@ -2,7 +2,9 @@
 `prefect server` process on 127.0.0.1) and a real MLflow server on 127.0.0.1; two tiny models are logged as two
 pipeline runs' fine-tune outputs (no training: two seeds of the tiny classifier) and registered by the pipeline's
 own registry task, so the second promotion emits `ttt.champion.promoted` as a pipeline run would. The server picks
-the event up and answers from the new version within 60 s, while a client looping requests sees no failure."""
+the event up and answers from the new version, while a client looping requests sees no failure. How long the
+switch takes is how long the new version's server takes to start beside the old one on a machine that another test
+worker loads too: the test allows SWITCH_S and prints the figure."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from serving_helpers import LABELS, TEXTS
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
 NAME = "followed-review-classifier"
+SWITCH_S = 180
 
 
 def _wait(url: str, seconds: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -171,7 +174,7 @@ def test_serve_switches_to_the_new_champion_without_a_failed_request(serve, regi
         promoted = registered["register"]()
         t0 = time.monotonic()
         assert promoted["decision"] == "promoted" and promoted["version"] == "2"
-        while time.monotonic() - t0 < 60 and not (answers and answers[-1][1] == "2"):
+        while time.monotonic() - t0 < SWITCH_S and not (answers and answers[-1][1] == "2"):
             time.sleep(0.5)
         time.sleep(2)  # a few requests more on the new version
     finally:
@@ -179,7 +182,8 @@ def test_serve_switches_to_the_new_champion_without_a_failed_request(serve, regi
         client.join(150)
     versions = [v for _, v, _ in answers]
     assert not failures, failures[:5]
-    assert versions[-1] == "2", f"still v{versions[-1]} 60 s after the promotion:\n{serve['log'].read_text()[-3000:]}"
+    assert versions[-1] == "2", (f"still v{versions[-1]} {SWITCH_S} s after the promotion:\n"
+                                 f"{serve['log'].read_text()[-3000:]}")
     assert versions == sorted(versions) and "1" in versions  # served v1 until the switch, v2 from then on
     switched = next(t for t, v, _ in answers if v == "2") - t0
     by_version = {v: p for _, v, p in answers}
