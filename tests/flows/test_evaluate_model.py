@@ -208,27 +208,30 @@ def test_an_unreachable_registry_stops_before_anything_is_written(models, tmp_pa
 # ---------------------------------------------------------------------- the whole flow
 
 
-def run_evaluate(tmp: Path, model: str, *sets: str, env: dict | None = None) -> dict:
-    """`ttt-pipeline evaluate ... --json` in a subprocess on 40 demo test reviews; its JSON summary."""
+def run_evaluate(tmp: Path, model: str, *sets: str, env: dict | None = None, args: tuple = (), rc: int = 0) -> dict:
+    """`ttt-pipeline evaluate ... --json` in a subprocess on 40 demo test reviews (`args` added), exiting `rc`; its
+    JSON summary."""
     import os
     import subprocess
     import sys
 
-    args = [sys.executable, "-m", "ttt_pipeline.cli.main", "evaluate", "--model", model, "--config", "demo",
-            "--json", *[a for s in (f"store={tmp / 'store'}", f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
-                                    f"tracking.artifact_root={tmp / 'mlruns'}", "data.max_test_samples=40", *sets)
-                        for a in ("--set", s)]]
-    run = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp,
+    command = [sys.executable, "-m", "ttt_pipeline.cli.main", "evaluate", "--model", model, "--config", "demo",
+               "--json", *args,
+               *[a for s in (f"store={tmp / 'store'}", f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+                             f"tracking.artifact_root={tmp / 'mlruns'}", "data.max_test_samples=40", *sets)
+                 for a in ("--set", s)]]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp,
                          env={**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "HF_HUB_OFFLINE": "1",
                               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180", **(env or {})})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == rc, run.stdout[-3000:] + run.stderr[-3000:]
     return {**json.loads(run.stdout.strip().splitlines()[-1]), "stdout": run.stdout}
 
 
 @pytest.mark.slow
 def test_each_family_runs_to_a_summary_with_intervals_and_a_registered_model(models, tmp_path):
     """BERT with ttt.mlm_from scores masked TTT; DistilBERT has no MLM head and leaves it out, saying why; RoBERTa
-    (a BPE tokenizer) runs too. Each is registered under its own name, loads back and predicts."""
+    (a BPE tokenizer) runs too. Each is registered under its own name, loads back and predicts. The CI gate reads
+    the real figures: rules that cannot hold exit 0, one that must exits 3, each job summary says which."""
     from ttt_pipeline.io.mlflow_model import load_classifier
 
     bert = run_evaluate(tmp_path, str(models["bert"]), f"ttt.mlm_from={models['bert-base']}")
@@ -237,10 +240,20 @@ def test_each_family_runs_to_a_summary_with_intervals_and_a_registered_model(mod
     assert [n for n in bert["notes"] if "the 40 test reviews are 30% of" not in n] == []
     gain = bert["defense_gain"]
     assert gain["method"] == "spell" and gain["ci_low"] <= gain["delta"] <= gain["ci_high"]
-    distil = run_evaluate(tmp_path, str(models["distilbert"]))
+    step_summary = tmp_path / "step-summary.md"
+    distil = run_evaluate(tmp_path, str(models["distilbert"]), env={"GITHUB_STEP_SUMMARY": str(step_summary)},
+                          args=("--fail-if", "drop.ci_low > 100pt", "--fail-if", "acc_clean > 1"))
+    assert distil["gate"]["passed"] and [r["holds"] for r in distil["gate"]["rules"]] == [False, False]
+    assert distil["gate"]["rules"][1]["value"] == distil["acc_clean"]
+    assert distil["gate"]["rules"][0]["value"] == distil["corruption_drop"]["ci_low"]
+    assert "## ttt-pipeline gate: passed" in step_summary.read_text()
     assert set(distil["gains"]) == {"spell", "mask_ensemble"}
     assert "note: masked_ttt, spell+masked_ttt: masked TTT left out" in distil["stdout"]
-    roberta = run_evaluate(tmp_path, str(models["roberta"]))
+    roberta = run_evaluate(tmp_path, str(models["roberta"]), args=("--fail-if", "acc_clean >= 0", "--fail-if",
+                                                                  "harm/default > 1", "--gate-summary", "gate.md"), rc=3)
+    assert roberta["gate"]["held"] == ["acc_clean >= 0"]
+    assert "gate: HOLDS: acc_clean >= 0" in roberta["stdout"]
+    assert "failed: 1 of 2 rules hold" in (tmp_path / "gate.md").read_text()
     names = {r["registry"]["model_name"] for r in (bert, distil, roberta)}
     assert names == {f"ttt-demo-reviews-negative-positive-{f}" for f in FAMILIES}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from ttt_pipeline.cli import gate
 from ttt_pipeline.errors import PipelineError
 
 EXIT_USER, EXIT_BUG = 2, 1
@@ -128,6 +129,7 @@ def cmd_run(args) -> int:
     from ttt_pipeline.config import absolute_paths, load_config
 
     cfg = absolute_paths(load_config(args.config, args.set))
+    gate.rules(args)  # a malformed --fail-if stops here, before any work
     _env_defaults(Path(cfg.store))
     setup_run_logging()  # stage lines and progress; Prefect's per-task "Finished in state" lines are dropped
     with StopOnSignal(cfg):  # Ctrl-C / SIGTERM: one line (what the store keeps, how to resume), exit in seconds
@@ -138,14 +140,14 @@ def cmd_run(args) -> int:
         from ttt_pipeline.flows.pipeline import ttt_pipeline
 
         summary = ttt_pipeline(config=cfg)
-    _print_summary(summary, cfg, args, " (download prepared by this run's input check)" if download_built else "")
-    return 0
+    return _print_summary(summary, cfg, args, " (download prepared by this run's input check)" if download_built else "")
 
 
-def _print_summary(summary: dict, cfg, args, cached_note: str = "") -> None:
+def _print_summary(summary: dict, cfg, args, cached_note: str = "") -> int:
     """The run's table (the same numbers as the MLflow metrics; `ttt-pipeline report RUN_ID` prints every
     difference), its notes, cache hits, MLflow run and UI commands, then the registered model and the commands to
-    use it next (`next_commands`); with `args.json`, the summary as the last line."""
+    use it next (`next_commands`) and the --fail-if rules' outcome (cli.gate); with `args.json`, the summary as the
+    last line. Returns the exit status: the gate's."""
     from ttt_pipeline.cli.console import summary_table, ui_lines
     from ttt_pipeline.cli.next_steps import next_commands, next_lines, rerun_arguments
     from ttt_pipeline.reports.run import run_link
@@ -161,9 +163,11 @@ def _print_summary(summary: dict, cfg, args, cached_note: str = "") -> None:
     summary["next_commands"] = next_commands(summary.get("registry"), again, _tracking_flag(summary),
                                              _program())
     print(next_lines(summary.get("registry"), summary["next_commands"]))
+    status = gate.apply(summary, cfg, args)
     if args.json:
         sys.stdout.flush()
         print(json.dumps(summary, default=str))
+    return status
 
 
 def _tracking_flag(summary: dict) -> list[str]:
@@ -197,6 +201,7 @@ def cmd_evaluate(args) -> int:
         raise ConfigError("no model to evaluate", "ttt-pipeline evaluate --model FOLDER_OR_MODELS_URI "
                           "(a Hugging Face folder, models:/NAME@ALIAS, runs:/RUN_ID/model or a hub id)")
     cfg = absolute_paths(cfg)
+    gate.rules(args)  # a malformed --fail-if stops here, before any work
     _env_defaults(Path(cfg.store))
     setup_run_logging()
     with StopOnSignal(cfg):
@@ -211,8 +216,7 @@ def cmd_evaluate(args) -> int:
 
     note = overlap_note(cfg.data, data.meta.get("test_from"), data.meta.get("sizes", {}).get("test"))
     summary["notes"] = [*(summary.get("notes") or []), *([note] if note else [])]  # said once, in the summary
-    _print_summary(summary, cfg, args)
-    return 0
+    return _print_summary(summary, cfg, args)
 
 
 def _say(text: str) -> None:
@@ -308,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     # SUPPRESS: without it the subcommand's default (False) overwrites a `ttt-pipeline --debug run`
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    gate.add_arguments(r)
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("evaluate", help="score a classifier fine-tuned elsewhere (no training): the same grid, "
@@ -321,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "ttt.mlm_from=bert-base-uncased")
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    gate.add_arguments(e)
     e.set_defaults(fn=cmd_evaluate)
     from ttt_pipeline.cli.preset_help import add_presets_table
 
