@@ -350,3 +350,30 @@ def test_prefect_evaluation_grid_table_artifact(stack, browse):
     row = next(r for r in rows if (r["set"], r["method"]) == ("keyboard-4", "masked_ttt"))
     assert (row["vs_none"], row["ci_low"], row["ci_high"]) == (round(d.delta, 4), round(d.ci_low, 4), round(d.ci_high, 4))
     assert row["verdict"] == ("significant" if d.significant else "not significant") and row["verdict"] in dom
+
+
+def test_the_runs_report_lists_exactly_the_reviews_the_noise_flipped(stack, browse):
+    """The report (report.html, an artifact of the parent run) renders from the file alone, and each set's flipped
+    table holds one row per review whose prediction differs between the clean and the corrupted set."""
+    import re
+
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    s = stack["summary"]
+    url = s["report"] if s["report"].startswith("file:") else Path(s["report"]).as_uri()
+    dom = browse(url, "report", ["flipped:"])
+    assert not re.search(r"(src|href)=\"?https?:", dom)  # nothing fetched from elsewhere
+    client = MlflowClient(f"sqlite:///{stack['tmp'] / 'mlflow.db'}")
+    ev = client.search_runs([s["experiment_id"]], f"tags.mlflow.parentRunId = '{s['mlflow_run_id']}' and "
+                            "attributes.run_name = 'evaluate'")[0]
+    preds = pd.read_parquet(client.download_artifacts(ev.info.run_id, "predictions.parquet",
+                                                      str(stack["tmp"] / "report-check")))
+    clean = preds[(preds["set"] == "clean") & (preds["method"] == "none")].set_index("index")["pred"]
+    for name in ("keyboard-2", "keyboard-4"):
+        noisy = preds[(preds["set"] == name) & (preds["method"] == "none")].set_index("index")["pred"]
+        want = sorted(int(i) for i in noisy.index[noisy.to_numpy() != clean.loc[noisy.index].to_numpy()])
+        section = dom.split(f'data-set="{name}"', 1)[1].split("</section>", 1)[0]
+        table = section.split('<table class="flipped">', 1)[1].split("</table>", 1)[0]
+        assert [int(i) for i in re.findall(r"<tr><td>(\d+)</td>", table)] == want[:50], name
+        assert f'flipped: <span class="count">{len(want)}</span>' in section

@@ -159,6 +159,8 @@ def _print_summary(summary: dict, cfg, args, cached_note: str = "") -> int:
     print(f"cached tasks: {tasks}{cached_note}   wall time: {summary['wall_s']:.1f} s")
     print(f"MLflow run {summary['mlflow_run_id']} (every difference: ttt-pipeline report {summary['mlflow_run_id']}); "
           f"open the UIs with:\n{ui_lines(summary['mlflow_tracking_uri'], run_link(summary))}")
+    if summary.get("report"):  # an MLflow artifact: a file:// URI in a local store, a path one can open
+        print(f"report (the reviews the noise flipped, fixed and broke): {summary['report'].removeprefix('file://')}")
     again = rerun_arguments(getattr(args, "model", None), args.config, args.set)
     summary["next_commands"] = next_commands(summary.get("registry"), again, _tracking_flag(summary),
                                              _program())

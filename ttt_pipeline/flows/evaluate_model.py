@@ -20,7 +20,7 @@ from ttt_pipeline.flows.pipeline import _run, calibrate, finish, open_run
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io import brought_models
 from ttt_pipeline.storage import StepOutput
-from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, import_model_task, log_step_task
+from ttt_pipeline.tasks import corrupt_task, download_task, evaluate_task, import_model_task, log_step_task, report_task
 
 
 @flow(name="evaluate-model")
@@ -60,6 +60,7 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
         if data["meta"].get("labelled") is False:  # data.label_column null: prediction changes, no accuracy
             return label_free(scored, tracker, parent, model, evaluation, cached, notes, t0)
         logged = log_step_task(scored, "evaluate", [evaluation], parent, cached["evaluate"])
+        report = report_task(scored, data, corrupted, [evaluation], parent, logged)
         forecast = calibrate(scored, data, model, corrupted, [evaluation], parent)
     except BaseException:
         tracker.end(parent, "FAILED")
@@ -70,7 +71,7 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
     scored = brought_models.registered_name(tracker.client, scored, data["meta"]["label_names"], model["digest"])
     summary = finish(scored, tracker, parent, logged, cached, model, data, t0,
                      {"model": cfg.model.classifier, "notes": notes, "model_labels": model["meta"]["model_labels"],
-                      **forecast})
+                      **forecast, **report})
     brought_models.tag_version(tracker.client, summary["registry"], model["digest"], cfg.model.classifier)
     return summary
 

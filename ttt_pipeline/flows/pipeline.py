@@ -28,6 +28,7 @@ from ttt_pipeline.tasks import (
     finetune_task,
     log_calibration_task,
     log_step_task,
+    report_task,
     tokenise_task,
 )
 from ttt_pipeline.tasks.model_registry import register_task
@@ -39,6 +40,7 @@ STEP_WORK = {"download": "read, check and split the reviews", "tokenise": "token
               "calibrate": "fit the label-free drop forecast on the corrupted sets",
               "calibration-corrupt": "write the forecast's own calibration sets (the run's are too few)",
               "calibration-evaluate": "score the calibration sets under none and the default defense",
+              "report": "write the report of the reviews the noise flipped",
               "import-model": "load the classifier, match its labels to the data's, find an MLM head"}
 
 
@@ -101,6 +103,7 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
             evaluation, cached["evaluate"] = _run(evaluate_task, cfg, data, model, corrupted)
             evaluations = [evaluation]
         logged = log_step_task(cfg, "evaluate", evaluations, parent, cached["evaluate"])
+        report = report_task(cfg, data, corrupted, evaluations, parent, logged)
         forecast = calibrate(cfg, data, model, corrupted, evaluations, parent)
         if cfg.attribution.enabled:  # optional: a disabled run has no attribute task, child run or cache count
             attributed, cached["attribute"] = _run(attribute_task, cfg, data, model, corrupted, evaluations)
@@ -108,7 +111,7 @@ def ttt_pipeline(config: PipelineConfig | None = None, preset: str | None = None
     except BaseException:
         tracker.end(parent, "FAILED")
         raise
-    return finish(cfg, tracker, parent, logged, cached, model, data, t0, forecast)
+    return finish(cfg, tracker, parent, logged, cached, model, data, t0, {**forecast, **report})
 
 
 def calibrate(cfg: PipelineConfig, data: dict, model: dict, corrupted: dict, evaluations: list[dict],

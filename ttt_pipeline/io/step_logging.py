@@ -286,3 +286,15 @@ def log_attribute(tracker: Tracker, run_id: str, out: StepOutput, cfg, result: d
         tracker.client.log_table(run_id, data={c: [r[c] for r in rows] for c in rows[0]},
                                  artifact_file="attribution.json")
     tracker.dict(run_id, result, "attribution_targets.json")
+
+
+REPORT = "report.html"
+
+
+def log_report(tracker: Tracker, run_id: str, page: str) -> str:
+    """The run's HTML report (steps.flip_report) as the artifact `report.html` of `run_id`; returns its URI."""
+    with tempfile.TemporaryDirectory(prefix="ttt-report-") as tmp:
+        path = Path(tmp) / REPORT
+        path.write_text(page, encoding="utf-8")
+        tracker.artifact(run_id, path)
+    return f"{tracker.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{REPORT}"

@@ -166,7 +166,9 @@ def headline_markdown(summary: dict, tracker=None) -> str:
     registry = (f"Model registry: `{reg.get('model_name')}` version {reg.get('version')} {reg.get('decision', '')} "
                 f"on {reg.get('metric')} ({reg.get('reason', '')})\n\n" if reg else "")
     lead = f"Default defense: `{defense}` (evaluation.default_defense)\n\n" if defense else ""
+    report = (f"\nReport of the reviews the noise flipped, fixed and broke: [report.html]({summary['report']}) "
+              "(the run's artifact)\n" if summary.get("report") else "")
     return (f"# TTT pipeline run\n\n{lead}| metric | value |\n|---|---|\n{rows}\n\n"
             f"Cached tasks: {summary.get('cached_tasks', 0)}/{len(summary.get('cached') or {}) or 5} · "
             f"wall time {summary.get('wall_s', 0):.1f} s\n\n"
-            f"{registry}MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n")
+            f"{registry}MLflow run: [{summary['mlflow_run_id']}]({run_link(summary, tracker)})\n{report}")

@@ -41,13 +41,14 @@ from ttt_pipeline.steps.keys import (
 from ttt_pipeline.steps.machine import runtime
 from ttt_pipeline.steps.new_reviews_step import score_new_reviews
 from ttt_pipeline.steps.outputs import load_attribution, load_results, read_predictions, read_set
+from ttt_pipeline.steps.report_step import flip_report
 from ttt_pipeline.steps.tokenise_step import tokenise
 from ttt_pipeline.storage import StepOutput, StepStore
 
 __all__ = ["VERSIONS", "StepOutput", "StepStore", "attribute", "attribute_inputs", "calibrate", "calibrate_inputs",
            "calibration_skip_reason", "calibration_suite", "calibration_summary", "corrupt", "corrupt_inputs",
            "download", "download_inputs", "evaluate", "evaluate_inputs", "evaluated_config", "finetune",
-           "finetune_inputs", "guarded", "import_inputs", "import_model", "kept", "load_attribution", "load_results",
-           "memory_hint", "model_checkpoints", "model_length", "new_reviews_inputs", "read_calibration",
+           "finetune_inputs", "flip_report", "guarded", "import_inputs", "import_model", "kept", "load_attribution",
+           "load_results", "memory_hint", "model_checkpoints", "model_length", "new_reviews_inputs", "read_calibration",
            "read_predictions", "read_set", "runtime", "score_new_reviews", "stored", "test_sets", "tokenise",
            "tokenise_inputs", "unlabeled_texts", "version", "wants_mlm"]

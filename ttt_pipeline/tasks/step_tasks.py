@@ -130,6 +130,16 @@ def new_reviews_task(cfg: PipelineConfig, data: dict, model: dict, defense: str)
     return steps.score_new_reviews(cfg, _out(data), _out(model), defense, _store(cfg)).to_dict()
 
 
+@task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
+def report_task(cfg: PipelineConfig, data: dict, corrupted: dict, evaluations: list[dict], parent_run_id: str,
+                logged: dict) -> dict:
+    """The run's HTML report of the reviews the noise flipped (steps.flip_report), logged to the parent run;
+    {"report": its artifact URI}."""
+    page = steps.flip_report(cfg, _out(data), _out(corrupted), [_out(e) for e in evaluations],
+                             {**logged["headline"], **logged["stats"]})
+    return {"report": step_logging.log_report(Tracker.from_config(cfg.tracking), parent_run_id, page)}
+
+
 @task(name="log-step", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5])
 def log_step_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_run_id: str,
                    cached: bool) -> dict:
