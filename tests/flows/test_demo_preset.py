@@ -124,14 +124,18 @@ def test_the_champion_is_the_demo_tasks_own_judged_on_spell_and_the_night_after_
 
 def test_bf16_scoring_agrees_with_fp32_on_the_demo_reviews(demo):
     """A plain forward pass autocasts by ttt.precision: on the demo's own model, bf16 and fp32 predict the same
-    class for at least 99% of the shipped reviews, clean and corrupted alike."""
+    class for at least 99% of the shipped reviews, clean and corrupted alike. Where bf16 is emulated (no native
+    bf16 instructions: `auto` scores in fp32 there), every third review: emulation takes minutes for the rest."""
     from ttt_pipeline.classifier import load_local
     from ttt_pipeline.corruption import corrupt_texts
+    from ttt_pipeline.modeling import precision
 
     summary, _, _ = demo
     texts = [json.loads(line)["text"] for line in (REPO / "data" / "demo" / "reviews.jsonl").read_text(
         encoding="utf-8").splitlines() if line.strip()]
     texts += corrupt_texts(texts, "keyboard", 4, 42).texts
+    if not precision._probe()[0]:
+        texts = texts[::3]
     clf = load_local(Path(summary["model_path"]), device="cpu")
     fp32, bf16 = (clf.predict_proba(texts, method="none", precision=p).argmax(-1) for p in ("fp32", "bf16"))
     assert (fp32 == bf16).mean() >= 0.99, (fp32 != bf16).sum()
