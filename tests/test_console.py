@@ -117,7 +117,7 @@ def test_a_fast_stage_still_shows_its_rate_at_each_quarter(monkeypatch, capsys):
     rep("evaluate", 100, 100, {})
     err = capsys.readouterr().err.splitlines()
     assert [ln.split(":")[1].split()[0] for ln in err] == ["8/100", "32/100", "56/100", "80/100", "100/100"]
-    assert all("reviews/s, about" in ln for ln in err[1:4]), err
+    assert all("scorings/s, about" in ln for ln in err[1:4]), err
 
 
 def test_a_user_errors_traceback_stays_off_the_terminal_and_a_bugs_stays_on():
@@ -142,3 +142,16 @@ def test_a_user_errors_traceback_stays_off_the_terminal_and_a_bugs_stays_on():
     assert not q.filter(failed(OutOfMemory("out of memory in evaluate (x)", "lower ttt.batch_size")))
     assert q.filter(failed(ValueError("a bug")))
     assert q.filter(_record("ttt_pipeline.steps", "Finished in state Failed(x)", logging.ERROR))  # not Prefect's
+
+
+def test_the_shifted_domains_have_their_rows():
+    shifted = {**SUMMARY, "acc_shift": 0.8, "acc_shift_default": 0.81,
+               "gains": {**SUMMARY["gains"], "spell": {**SUMMARY["gains"]["spell"],
+                                                        "shift": {"kitchen": _diff(0.01, -0.01, 0.03)}}}}
+    lines = summary_table(shifted).splitlines()
+    [none] = [ln for ln in lines if ln.startswith("shifted domains, no defense")]
+    [spell] = [ln for ln in lines if ln.startswith("shifted domains, spell")]
+    [kitchen] = [ln for ln in lines if ln.startswith("  kitchen, spell")]
+    assert "0.800" in none and "0.810" in spell
+    assert "gain (vs no defense)" in kitchen and "+1.00 [-1.00, +3.00]" in kitchen
+    assert not any(ln.startswith("shifted") for ln in summary_table(SUMMARY).splitlines())

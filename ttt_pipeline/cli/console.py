@@ -101,6 +101,7 @@ def summary_table(summary: dict, cfg=None) -> str:
             label = f"corrupted, {m}" + (" (default defense)" if m == default else "")
             rows.append((label, f"{corrupted + g['delta']:.3f}", "gain (vs no defense)", _points(g)))
     rows += _external_rows(summary, methods, default)
+    rows += _shift_rows(summary, default)
     if not rows:
         return "no accuracy was scored"
     w0 = max(len(r[0]) for r in rows)
@@ -192,6 +193,20 @@ def _external_rows(summary: dict, methods: list[str], default: str | None) -> li
         if g:
             label = f"external, {m}" + (" (default defense)" if m == default else "")
             rows.append((label, f"{acc + g['delta']:.3f}", "gain (vs no defense)", _points(g)))
+    return rows
+
+
+def _shift_rows(summary: dict, default: str | None) -> list[tuple[str, str, str, str]]:
+    """The shifted domains (data.shift): their mean accuracy without and with the recommended defense, and its
+    paired gain on each domain."""
+    acc = summary.get("acc_shift")
+    if acc is None:
+        return []
+    rows = [("shifted domains, no defense", f"{acc:.3f}", "", "")]
+    if default and summary.get("acc_shift_default") is not None:
+        rows.append((f"shifted domains, {default}", f"{summary['acc_shift_default']:.3f}", "", ""))
+    for dom, g in ((summary.get("gains") or {}).get(default, {}).get("shift") or {}).items():
+        rows.append((f"  {dom}, {default}", "", "gain (vs no defense)", _points(g)))
     return rows
 
 

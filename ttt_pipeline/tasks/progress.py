@@ -25,7 +25,9 @@ def _artifact(key: str):
 # library progress stage -> (what people read, unit of `done`)
 STAGES = {"mlm_warmup": ("MLM-head warm-up (may stop early)", "steps"),
           "dapt": ("domain-adaptive MLM", "steps"), "finetune": ("fine-tuning (may stop early)", "steps"),
-          "evaluate": ("evaluation", "reviews"), "attribute": ("attribution", "items")}
+          # each test review is scored once per set (clean, each corrupted copy, each domain) and method (and
+          # mask seed): the count is of those scorings, more than the test reviews, so the label says so
+          "evaluate": ("evaluation (reviews x sets x methods)", "scorings"), "attribute": ("attribution", "items")}
 LINE_EVERY_S = 20.0
 
 
