@@ -73,3 +73,13 @@ def test_a_tiny_runs_report_lists_exactly_the_reviews_its_predictions_flipped(tw
         flipped = int((clean["pred"].to_numpy() != noisy["pred"].to_numpy()).sum())
         assert f'<h3 id="flipped">flipped: <span class="count">{flipped}</span>' in section
     assert "accuracy, clean" in page and f"{summary['acc_clean']:.3f}" in page
+
+
+def test_the_run_page_has_the_headline_as_its_description_and_the_reviews_as_datasets(two_runs):
+    from mlflow.tracking import MlflowClient
+
+    summary = two_runs["a"]
+    run = MlflowClient(two_runs["uri"]).get_run(summary["mlflow_run_id"])
+    note = run.data.tags["mlflow.note.content"]
+    assert f"- accuracy, clean: {summary['acc_clean']:.3f}" in note and "report.html" in note
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} >= {"reviews-train", "reviews-test"}

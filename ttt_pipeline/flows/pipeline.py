@@ -17,6 +17,7 @@ from ttt_pipeline.flows.forms import name_presets
 from ttt_pipeline.flows.gpu_pool import run_task
 from ttt_pipeline.flows.stopping import reclaim
 from ttt_pipeline.io.tracking import Tracker
+from ttt_pipeline.reports.flips import run_description
 from ttt_pipeline.reports.run import headline_markdown
 from ttt_pipeline.storage import StepOutput
 from ttt_pipeline.tasks import (
@@ -183,6 +184,7 @@ def finish(cfg: PipelineConfig, tracker: Tracker, parent: str, logged: dict, cac
     tracker.metrics(parent, {**head, **logged["flat"], "cached_tasks": summary["cached_tasks"],
                              "wall_s": summary["wall_s"]})
     tracker.tags(parent, {f"cache_hit.{k}": str(v).lower() for k, v in cached.items()})
+    tracker.tags(parent, {"mlflow.note.content": run_description(summary)})  # the run page's Description
     summary["registry"] = summary["champion"] = None
     summary["default_defense"] = cfg.evaluation.defense
     if cfg.registry.enabled:  # register the model; alias `champion` when it wins on cfg.registry.metric

@@ -43,6 +43,8 @@ def log_download(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:
         tracker.tags(parent, {"task": cfg.task_key(m["label_names"]), "task.labels": json.dumps(m["label_names"]),
                               "task.data_digest": m["content_digest"],
                               "default_defense": cfg.evaluation.defense})
+        for split in m["sizes"]:  # the run page's Datasets: the reviews the whole run read, not only its step's
+            tracker.dataset(parent, f"reviews-{split}", m["content_digest"], cfg.data.path, split)
 
 
 def log_tokenise(tracker: Tracker, run_id: str, out: StepOutput, cfg) -> None:

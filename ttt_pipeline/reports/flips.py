@@ -131,3 +131,11 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
             harm = f"; harms {', '.join(w['harmed_sets'])}" if w.get("harm") else ""
             rows.append((f"{method}: worst set of {w['n_sets']}", f"{format_difference(w)} on {w['set']}{harm}"))
     return rows
+
+
+def run_description(summary: dict) -> str:
+    """The headline in a few lines of markdown: the MLflow run page's description."""
+    lines = [f"- {label}: {value}" for label, value in headline_rows(summary)]
+    if summary.get("report"):
+        lines.append("- the reviews the noise flipped, fixed and broke: the artifact `report.html`")
+    return "\n".join(lines)
