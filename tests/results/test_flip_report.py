@@ -83,3 +83,20 @@ def test_the_run_page_has_the_headline_as_its_description_and_the_reviews_as_dat
     note = run.data.tags["mlflow.note.content"]
     assert f"- accuracy, clean: {summary['acc_clean']:.3f}" in note and "report.html" in note
     assert {d.dataset.name for d in run.inputs.dataset_inputs} >= {"reviews-train", "reviews-test"}
+
+
+def test_the_defenses_lists_show_the_repaired_review_with_the_repairs_changes_marked():
+    clean = [f"review {i} is fine" for i in range(6)]
+    noisy = [f"reveiw {i} is fine" for i in range(6)]
+    asked = []
+
+    def repair(texts):
+        asked.append(list(texts))
+        return [t.replace("reveiw", "review") for t in texts]
+
+    section = set_section(PREDS, "keyboard_4", clean, noisy, LABELS, "spell", repair=repair)
+    assert asked == [[noisy[0], noisy[3], noisy[5]]]  # only the reviews the fixed and broke lists show
+    fixed = section.split('<table class="fixed">', 1)[1].split("</table>", 1)[0]
+    assert "<th>repaired review</th>" in fixed and "<td><mark>review</mark> 0 is fine</td>" in fixed
+    flipped = section.split('<table class="flipped">', 1)[1].split("</table>", 1)[0]
+    assert "repaired review" not in flipped

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import html
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -63,16 +64,21 @@ def _answer(row, label_names: list[str]) -> str:
     return f'<span class="{ok}">{html.escape(label_names[pred])} {prob:.2f}</span>'
 
 
-def _table(kind: str, indices: list[int], texts: tuple[list[str], list[str]], rows: dict, label_names: list[str],
-           default: str | None, cap: int) -> str:
+def _table(kind: str, indices: list[int], texts: dict[str, list[str] | dict[int, str]], rows: dict,
+           label_names: list[str], default: str | None, cap: int) -> str:
+    """One list's table: per review the clean and corrupted text (changed words marked), the predictions and,
+    for the defense's lists when it repairs text, the repaired text (what the repair changed marked)."""
+    repaired = texts.get("repaired") if kind != "flipped" else None
     heads = ["#", "label", "clean review", "no defense", "corrupted review", "no defense"]
-    if "default" in rows:
-        heads.append(html.escape(default or ""))
+    heads += ["repaired review"] if repaired is not None else []
+    heads += [html.escape(default or "")] if "default" in rows else []
     body = []
     for i in indices[:cap]:
-        clean_text, noisy_text = marked(texts[0][i], texts[1][i])
+        clean_text, noisy_text = marked(texts["clean"][i], texts["noisy"][i])
         cells = [str(i), html.escape(label_names[int(rows["noisy"].loc[i, "label"])]), clean_text,
                  _answer(rows["clean"].loc[i], label_names), noisy_text, _answer(rows["noisy"].loc[i], label_names)]
+        if repaired is not None:
+            cells.append(marked(texts["noisy"][i], repaired[i])[1])
         if "default" in rows:
             cells.append(_answer(rows["default"].loc[i], label_names))
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -83,16 +89,21 @@ def _table(kind: str, indices: list[int], texts: tuple[list[str], list[str]], ro
 
 
 def set_section(preds: pd.DataFrame, set_name: str, clean_texts: list[str], noisy_texts: list[str],
-                label_names: list[str], default: str | None, cap: int = CAP) -> str:
-    """One corrupted set's three lists as HTML ('' when the set has no clean scores to compare with)."""
+                label_names: list[str], default: str | None, cap: int = CAP,
+                repair: Callable[[list[str]], list[str]] | None = None) -> str:
+    """One corrupted set's three lists as HTML ('' when the set has no clean scores to compare with). `repair`:
+    the recommended defense's text repair, applied to the corrupted reviews its lists show."""
     found = flips(preds, set_name, default)
     if found is None:
         return ""
     rows = {"clean": _first_seed(preds, "clean", "none"), "noisy": _first_seed(preds, set_name, "none")}
+    texts: dict = {"clean": clean_texts, "noisy": noisy_texts}
     if "fixed" in found:
         rows["default"] = _first_seed(preds, set_name, default)
-    parts = [_table(kind, found[kind], (clean_texts, noisy_texts), rows, label_names, default, cap)
-             for kind in LISTS if kind in found]
+        if repair is not None:
+            shown = sorted(set(found["fixed"][:cap]) | set(found["broke"][:cap]))
+            texts["repaired"] = dict(zip(shown, repair([noisy_texts[i] for i in shown]))) if shown else {}
+    parts = [_table(kind, found[kind], texts, rows, label_names, default, cap) for kind in LISTS if kind in found]
     return (f'<section class="set" data-set="{html.escape(set_name)}"><h2>{html.escape(set_name)}</h2>\n'
             + "\n".join(parts) + "</section>")
 
