@@ -138,7 +138,7 @@ def test_the_flows_summary_is_the_same_with_and_without_the_suite(tmp_path, tiny
         b = ttt_pipeline(config=with_suite)
     assert a["forecast_calibration"] is None and "this run has 1 (keyboard)" in a["forecast_calibration_note"]
     assert b["forecast_calibration"]["n_sets"] == 13 and b["forecast_calibration_note"] is None
-    differ = {"mlflow_run_id", "wall_s", "cached_tasks", "cached", "forecast_calibration",
+    differ = {"mlflow_run_id", "report", "wall_s", "cached_tasks", "cached", "forecast_calibration",
               "forecast_calibration_note"}
     assert {k: v for k, v in a.items() if k not in differ} == {k: v for k, v in b.items() if k not in differ}
     assert list(a["cached"]) == list(b["cached"]) and all(b["cached"].values())

@@ -83,9 +83,9 @@ def test_the_terminal_names_stages_and_shows_progress(demo):
     assert re.search(r"finetune: computed in ", err)  # an empty store: the model is trained, not served
     ft = [ln for ln in err.splitlines() if ln.strip().startswith("fine-tuning")]
     assert any(re.search(r"steps \(\d+%\), (\d+\.\d steps/s|\d+\.\d s per step), about .+ left", ln) for ln in ft), ft
-    ev = [ln for ln in err.splitlines() if ln.strip().startswith("evaluation:")]
-    assert any(re.search(r"reviews \(\d+%\), .*(reviews/s|s per review), about .+ left", ln) for ln in ev), ev
-    assert "reviews (100%)" in ev[-1] and "done in" in ev[-1]
+    ev = [ln for ln in err.splitlines() if ln.strip().startswith("evaluation (reviews x sets x methods):")]
+    assert any(re.search(r"scorings \(\d+%\), .*(scorings/s|s per scoring), about .+ left", ln) for ln in ev), ev
+    assert "scorings (100%)" in ev[-1] and "done in" in ev[-1]
     assert "Finished in state Completed()" not in err and "Beginning flow run" not in err
 
 
