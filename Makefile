@@ -100,7 +100,7 @@ AUDIT_FLAGS ?=
 AUDIT_STRICT ?= 0
 audit: setup
 	@log=$$(mktemp); rc=0; \
-	timeout 900 $(BIN)/python -m pip_audit --skip-editable --progress-spinner off --desc on $(AUDIT_FLAGS) \
+	timeout 300 $(BIN)/python -m pip_audit --skip-editable --progress-spinner off --desc on $(AUDIT_FLAGS) \
 		>$$log 2>&1 || rc=$$?; \
 	grep -vE '^(Traceback|  File |    )' $$log | tail -n 300; \
 	skipped=$$(grep -c 'could not be audited' $$log || true); \

@@ -315,6 +315,35 @@ def test_an_mlflow_transformers_model_and_a_hub_id_are_evaluated_like_a_folder(m
     assert from_hub["registry"]["champion_after"] == "1"  # a tie keeps the first
     night = reevaluate(tmp_path, "models:/shop-sentiment/1")  # the spelling finds the name it was registered under
     assert night["verdict"] == "ok" and night["model_name"] == "ttt-demo-reviews-negative-positive-distilbert"
+    plugin_equals_the_command_line(tmp_path, "models:/shop-sentiment/1")
+
+
+def plugin_equals_the_command_line(tmp: Path, model: str) -> None:
+    """mlflow.models.evaluate(..., evaluators=["ttt_robustness"]) on 40 demo reviews as a DataFrame gives the
+    metrics `ttt-pipeline evaluate --set data.test_path=` logs for the same reviews as a file (its own store)."""
+    import mlflow
+    import pandas as pd
+
+    from ttt_pipeline.config import load_config
+
+    frame = pd.read_json(load_config("demo").data.path, lines=True)
+    frame = frame.loc[frame["rating"] != 3, ["text", "rating"]].head(40).reset_index(drop=True)
+    frame.to_parquet(tmp / "reviews.parquet", index=False)
+    cli = run_evaluate(tmp, model, f"data.test_path={tmp / 'reviews.parquet'}", "data.max_test_samples=null")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    child = client.search_runs([cli["experiment_id"]], f"tags.mlflow.parentRunId = '{cli['mlflow_run_id']}' and "
+                               "attributes.run_name = 'evaluate'")[0]
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run():
+            result = mlflow.models.evaluate(model, frame, targets="rating", model_type="classifier",
+                                            evaluators=["ttt_robustness"],
+                                            evaluator_config={"ttt_robustness": {"store": str(tmp / "plugin-store")}})
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert len(result.metrics) > 50 and result.metrics["acc_clean"] == cli["acc_clean"]
+    assert result.metrics == {k: child.data.metrics[k] for k in result.metrics}
 
 
 @pytest.mark.slow

@@ -171,7 +171,8 @@ def evaluated_model_id(tracker: Tracker, run_id: str) -> str | None:
 def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results: dict, cfg,
                  reference_rows: list[dict] | None = None) -> dict:
     """Accuracy per set and method (mean over mask seeds, and per seed), the paired statistics with their
-    interval companions, the per-review predictions and the plots; returns the headline and statistics."""
+    interval companions, the per-review predictions and the plots; returns the headline and statistics, and
+    every metric logged ("metrics")."""
     from ttt_pipeline.evaluation import robustness
     from ttt_pipeline.evaluation.scoring import seed_means
     from ttt_pipeline.evaluation.signal import signal_metrics
@@ -211,7 +212,7 @@ def log_evaluate(tracker: Tracker, run_id: str, outs: list[StepOutput], results:
     log_plots(tracker, run_id, lambda d: _plots().write_evaluation_plots(results, d,
                                                                       cfg.evaluation.default_defense))
     return {"headline": head, "stats": {k: ev["stats"][k] for k in robustness.CONTRACT if k in ev["stats"]},
-            "gains": ev["stats"]["gains"], "comparisons": ev["comparisons"], "flat": flat}
+            "gains": ev["stats"]["gains"], "comparisons": ev["comparisons"], "flat": flat, "metrics": logged}
 
 
 def _plots():

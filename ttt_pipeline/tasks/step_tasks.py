@@ -177,7 +177,8 @@ def log_step_task(cfg: PipelineConfig, stage: str, outputs: list[dict], parent_r
         tracker.end(run_id, "FAILED")
         raise
     tracker.end(run_id)
-    return {"run_id": run_id, **{k: v for k, v in logged.items() if k != "flat"}, "flat": logged.get("flat", {})}
+    return {"run_id": run_id, **{k: v for k, v in logged.items() if k not in ("flat", "metrics")},
+            "flat": logged.get("flat", {})}
 
 
 def _grid_artifact(rows: list[dict], comparisons: list[dict]) -> None:
