@@ -23,9 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from mlflow.models.evaluation.base import ModelEvaluator
+
 from ttt_pipeline.errors import ConfigError, PipelineError
 
-NAME = "ttt_robustness"
 MODEL_TYPES = ("classifier",)
 TIMING = "samples_per_s/"  # throughput metrics vary run to run; the returned metrics keep only the figures
 
@@ -137,13 +138,7 @@ def in_evaluator_terms(exc: PipelineError, path: Path) -> PipelineError:
     return type(exc)(message, hint)
 
 
-def _evaluator_base():
-    from mlflow.models.evaluation.base import ModelEvaluator
-
-    return ModelEvaluator
-
-
-class RobustnessEvaluator(_evaluator_base()):
+class RobustnessEvaluator(ModelEvaluator):
     """MLflow's `ModelEvaluator` for `evaluators=["ttt_robustness"]`."""
 
     @classmethod
