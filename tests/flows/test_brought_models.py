@@ -1,12 +1,15 @@
 """One registered name per brought model (io/brought_models.py), on a real MLflow registry in SQLite: the same
-weights brought by another spelling register to the name they hold; `reevaluate --model SPELLING` finds it."""
+weights brought by another spelling register to the name they hold; `reevaluate --model SPELLING` finds it, and
+judges the version registered from the files the spelling names now (a user's alias that moved)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ttt_pipeline.config import load_config
-from ttt_pipeline.io.brought_models import name_for, registered_name, tag_version, watched_name
+from ttt_pipeline.errors import NoChampion
+from ttt_pipeline.io.brought_models import (current_files, imported_files, name_for, registered_name, tag_version,
+                                            version_of_files, watched_name)
 
 LABELS = ["negative", "positive"]
 TASK = "ttt-demo-reviews-negative-positive"
@@ -31,12 +34,12 @@ def client(empty_db, tmp_path):
     return MlflowClient(f"sqlite:///{shutil.copy(empty_db, tmp_path / 'mlflow.db')}")
 
 
-def register(client, name: str, digest: str, source: str) -> dict:
+def register(client, name: str, digest: str, source: str, files: str | None = None) -> dict:
     if not client.search_registered_models(f"name = '{name}'"):
         client.create_registered_model(name)
     mv = client.create_model_version(name, "file:///nowhere")
     registry = {"model_name": name, "version": str(mv.version)}
-    tag_version(client, registry, digest, source)
+    tag_version(client, registry, digest, source, files)
     return registry
 
 
@@ -80,3 +83,49 @@ def test_the_oldest_holder_wins_and_a_quote_keeps_its_own_name(client):
     register(client, f"{TASK}-second", "d1", "/b")
     assert name_for(client, f"{TASK}-third", TASK, digest="d1") == f"{TASK}-first"
     assert name_for(client, f"{TASK}-x", TASK, source="/it's") == f"{TASK}-x"
+
+
+def test_the_nightly_follows_the_files_a_spelling_names_now(client):
+    """prod's v1 evaluated and champion; the alias moves to v2's files: not judged yet (NoChampion naming the
+    versions); once v2's files are evaluated (registered as v3, not the champion) the night judges v3; the same
+    weights brought by another spelling (v2's) keep the champion judged."""
+    name, prod = f"{TASK}-my-classifier", "models:/my-classifier@prod"
+    register(client, name, "w1", prod, files="f1")
+    register(client, name, "w1", "/home/me/hf-classifier", files="f1-folder")
+    client.set_registered_model_alias(name, "champion", "1")
+    assert version_of_files(client, name, "f1", prod).version == 1
+    assert version_of_files(client, name, "f1-folder", "/home/me/hf-classifier").version == 1  # same weights
+    with pytest.raises(NoChampion) as err:
+        version_of_files(client, name, "f2", prod)
+    assert "(v1, v2)" in err.value.message and f"new version of {name}" in err.value.hint
+    register(client, name, "w2", prod, files="f2")
+    judged = version_of_files(client, name, "f2", prod)
+    assert judged.version == 3 and judged.aliases == []  # the champion alias stayed on v1
+    client.set_registered_model_alias(name, "champion", "3")
+    register(client, name, "w2", prod, files="f2")  # registered again: the champion among equals is judged
+    assert version_of_files(client, name, "f2", prod).version == 3
+
+
+def test_versions_registered_before_files_were_kept_judge_the_champion(client):
+    register(client, f"{TASK}-old", "w1", "models:/old@prod")
+    assert version_of_files(client, f"{TASK}-old", "f9", "models:/old@prod") is None
+    assert version_of_files(client, "it's", "f9", "/x") is None
+
+
+def test_the_files_key_of_a_folder_now_is_the_import_steps_and_moves_with_its_files(tmp_path):
+    from hf_models import save_classifier
+
+    from ttt_pipeline import steps
+    from ttt_pipeline.io.model_source import fetched
+    from ttt_pipeline.storage import StepOutput, StepStore
+
+    folder = save_classifier(tmp_path / "clf")
+    data = StepOutput("download", "k", str(tmp_path), "d", meta={"label_names": LABELS})
+    cfg = load_config("demo", ["ttt.methods=[none, spell]"])
+    with fetched(str(folder), "") as source:
+        model = steps.import_model(cfg, data, source, StepStore(tmp_path / "store"))
+    assert imported_files(model.to_dict()) == current_files(str(folder), "")
+    before = current_files(str(folder), "")
+    (folder / "config.json").write_text((folder / "config.json").read_text().replace("negative", "Negative"))
+    assert current_files(str(folder), "") != before
+    assert imported_files({"path": str(tmp_path / "nowhere")}) is None

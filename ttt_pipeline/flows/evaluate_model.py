@@ -72,7 +72,8 @@ def evaluate_model(config: PipelineConfig | None = None, preset: str | None = No
     summary = finish(scored, tracker, parent, logged, cached, model, data, t0,
                      {"model": cfg.model.classifier, "notes": notes, "model_labels": model["meta"]["model_labels"],
                       **forecast, **report})
-    brought_models.tag_version(tracker.client, summary["registry"], model["digest"], cfg.model.classifier)
+    brought_models.tag_version(tracker.client, summary["registry"], model["digest"], cfg.model.classifier,
+                               brought_models.imported_files(model))
     return summary
 
 

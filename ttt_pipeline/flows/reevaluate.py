@@ -125,7 +125,7 @@ def nightly_reevaluation(config: PipelineConfig | None = None, threshold: float 
     data, _ = run_task(download_task, cfg)
     name = brought_models.watched_name(tracker.client, cfg, data["meta"]["label_names"])
     try:
-        mv = nights.load_champion(tracker.client, name)
+        mv = nights.judged_version(tracker.client, cfg, name, tracker.uri)
     except NoChampion as exc:
         return _no_champion(exc, tracker, night, name, defense)
     get_run_logger().info("champion: %s version %s (run %s), defense %s; night %s, seed %d; reference seed %d",

@@ -37,6 +37,19 @@ def load_champion(client, name: str, alias: str = ALIAS):
                          "it registers") from None
 
 
+def judged_version(client, cfg, name: str, tracking_uri: str):
+    """The version tonight judges: for a brought model, the one registered from the files its spelling names now
+    (a user's alias that moved is followed: io/brought_models.py); else the version at `champion`."""
+    from ttt_pipeline.io import brought_models
+
+    if brought_models.is_brought(cfg):
+        files = brought_models.current_files(cfg.model.classifier, tracking_uri)
+        mv = brought_models.version_of_files(client, name, files, cfg.model.classifier)
+        if mv is not None:
+            return mv
+    return load_champion(client, name)
+
+
 def model_root(folder: Path) -> Path:
     """The saved classifier's folder inside a downloaded `model` artifact."""
     from ttt_pipeline.modeling.layout import is_model_folder
@@ -133,7 +146,8 @@ def compare_nights(tracker: Tracker, prev, tonight, threshold: float, cfg, defen
 def start_night(tracker: Tracker, night: str, mv, prev, defense: str, regression: bool, flow_run_id: str) -> str:
     return tracker.start(f"nightly-{night}", tags={
         "ttt_run_kind": RUN_KIND, "night": night, "registered_model": mv.name, "model_version": str(mv.version),
-        "model_alias": ALIAS, "model_source_run_id": mv.run_id or "", "model_source": mv.source or "",
+        "model_alias": ALIAS if ALIAS in (getattr(mv, "aliases", None) or [ALIAS]) else "",
+        "model_source_run_id": mv.run_id or "", "model_source": mv.source or "",
         "prefect.flow_run_id": flow_run_id, "previous_run_id": prev.info.run_id if prev else "",
         "defense": defense, "regression": str(regression).lower()})
 
