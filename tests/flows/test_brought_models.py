@@ -8,8 +8,15 @@ import pytest
 
 from ttt_pipeline.config import load_config
 from ttt_pipeline.errors import NoChampion
-from ttt_pipeline.io.brought_models import (current_files, imported_files, name_for, registered_name, tag_version,
-                                            version_of_files, watched_name)
+from ttt_pipeline.io.brought_models import (
+    current_files,
+    imported_files,
+    name_for,
+    registered_name,
+    tag_version,
+    version_of_files,
+    watched_name,
+)
 
 LABELS = ["negative", "positive"]
 TASK = "ttt-demo-reviews-negative-positive"
