@@ -103,8 +103,8 @@ def version_of_files(client, name: str, files: str, spelling: str):
     if not tagged:
         return None
     weights = {v.tags.get(WEIGHTS_TAG) for v in tagged if v.tags[FILES_TAG] == files} - {None}
-    same = sorted((v for v in versions if v.tags.get(FILES_TAG) == files or v.tags.get(WEIGHTS_TAG) in weights),
-                  key=lambda v: int(v.version))
+    same = sorted((v for v in versions if (v.tags or {}).get(FILES_TAG) == files
+                   or (v.tags or {}).get(WEIGHTS_TAG) in weights), key=lambda v: int(v.version))
     if not same:
         held = ", ".join(f"v{v.version}" for v in tagged)
         raise NoChampion(f"{spelling} names other files than any version of registered model {name!r} was "
