@@ -98,13 +98,13 @@ def version_of_files(client, name: str, files: str, spelling: str):
     before they were kept: the champion is judged); NoChampion when no version came from these files."""
     if "'" in name:
         return None
-    versions = list(client.search_model_versions(f"name = '{name}'"))
-    tagged = sorted((v for v in versions if FILES_TAG in (v.tags or {})), key=lambda v: int(v.version))
+    versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
+    tags = {v.version: v.tags or {} for v in versions}
+    tagged = [v for v in versions if FILES_TAG in tags[v.version]]
     if not tagged:
         return None
-    weights = {v.tags.get(WEIGHTS_TAG) for v in tagged if v.tags[FILES_TAG] == files} - {None}
-    same = sorted((v for v in versions if (v.tags or {}).get(FILES_TAG) == files
-                   or (v.tags or {}).get(WEIGHTS_TAG) in weights), key=lambda v: int(v.version))
+    weights = {tags[v.version].get(WEIGHTS_TAG) for v in tagged if tags[v.version][FILES_TAG] == files} - {None}
+    same = [v for v in versions if tags[v.version].get(FILES_TAG) == files or tags[v.version].get(WEIGHTS_TAG) in weights]
     if not same:
         held = ", ".join(f"v{v.version}" for v in tagged)
         raise NoChampion(f"{spelling} names other files than any version of registered model {name!r} was "
@@ -117,11 +117,9 @@ def version_of_files(client, name: str, files: str, spelling: str):
 
 
 def _champion_version(client, name: str) -> str | None:
-    from mlflow.exceptions import MlflowException
-
     try:
-        return str(client.get_model_version_by_alias(name, CHAMPION).version)
-    except MlflowException:
+        return str(version_at_alias(client, name, CHAMPION).version)
+    except PipelineError:  # no champion yet: the newest matching version is judged
         return None
 
 
